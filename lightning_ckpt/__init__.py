@@ -1,0 +1,43 @@
+"""lightning_ckpt: exact, automatic activation checkpointing for PyTorch Lightning.
+
+Public names are imported lazily so that ``lightning_ckpt.solver`` (and the worker
+processes it starts) never pays for importing torch or lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "solve_knapsack": "lightning_ckpt.solver",
+    "KnapsackResult": "lightning_ckpt.solver",
+    "quantize": "lightning_ckpt.solver",
+    "find_candidates": "lightning_ckpt.candidates",
+    "ModuleProfile": "lightning_ckpt.profiler",
+    "StepProfile": "lightning_ckpt.profiler",
+    "profile_step": "lightning_ckpt.profiler",
+    "predict_peak_bytes": "lightning_ckpt.memory",
+    "measure_peak_bytes": "lightning_ckpt.memory",
+    "apply_checkpointing": "lightning_ckpt.wrapping",
+    "remove_checkpointing": "lightning_ckpt.wrapping",
+    "CheckpointPlan": "lightning_ckpt.plan",
+    "make_plan": "lightning_ckpt.planner",
+    "AutoCheckpoint": "lightning_ckpt.callback",
+    "plan_offline": "lightning_ckpt.offline",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'lightning_ckpt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
