@@ -1,0 +1,274 @@
+"""`AutoCheckpoint`: the Lightning callback that checkpoints the right modules under a memory budget."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+import lightning.pytorch as pl
+from lightning_ckpt.candidates import find_candidates
+from lightning_ckpt.lightning_step import no_gradient_sync, training_loss_fn, untouched_training_state
+from lightning_ckpt.memory import track_peak_bytes
+from lightning_ckpt.plan import CheckpointPlan
+from lightning_ckpt.planner import BudgetTooSmallError, make_plan
+from lightning_ckpt.profiler import StepProfile, profile_step
+from lightning_ckpt.trainer_checks import check_trainer, strategy_checkpointed
+from lightning_ckpt.wrapping import apply_checkpointing, remove_checkpointing
+
+log = logging.getLogger(__name__)
+
+_GB = 1e9
+_SOLVERS = ("auto", "hirschberg", "dp", "greedy", "ilp")
+_COSTS = ("time", "flops")
+
+
+class AutoCheckpoint(Callback):
+    """Checkpoint the modules that let training fit ``budget_gb`` per device at the least recompute cost.
+
+    On the first training batch it profiles every candidate module (activation memory kept for backward,
+    recompute cost) in an extra forward/backward that leaves no trace, solves the keep-or-checkpoint
+    choice exactly as a 0/1 knapsack, wraps the chosen modules with non-reentrant
+    ``torch.utils.checkpoint``, and trains on. After the next step it measures the real peak and, if it
+    is over the budget, re-plans once with the overshoot subtracted.
+
+    Args:
+        budget_gb: peak memory (GB = 1e9 bytes) one device may use for training: parameters, gradients,
+            optimizer state, activations and the transient peak of backward.
+        targets: candidate modules, as class names (``"Block"``) or qualified-name globs
+            (``"model.h.*.mlp"``); default: the blocks of the model's largest ``nn.ModuleList``.
+        cost: what keeping a module saves: measured recompute ``"time"`` or forward ``"flops"``.
+        solver: knapsack method; ``"auto"`` is exact and picks the fastest exact path.
+        quantum_bytes: memory unit of the knapsack (weights rounded up, capacity down).
+        workers: processes for the knapsack solver on large problems.
+        measure: measure the real peak on the step after planning and re-plan once if it is over budget.
+
+    Raises:
+        ValueError: for an argument outside what is allowed (the message names it and what was given).
+
+    Example:
+        >>> AutoCheckpoint(budget_gb=40).state_key
+        "AutoCheckpoint{'budget_gb': 40.0}"
+        >>> AutoCheckpoint(budget_gb=-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: `budget_gb` must be a positive finite number of GB, got -1
+    """
+
+    def __init__(
+        self,
+        budget_gb: float,
+        targets: list[str] | None = None,
+        cost: Literal["time", "flops"] = "time",
+        solver: Literal["auto", "hirschberg", "dp", "greedy", "ilp"] = "auto",
+        quantum_bytes: int = 512,
+        workers: int = 1,
+        measure: bool = True,
+    ) -> None:
+        _check_arguments(budget_gb, targets, cost, solver, quantum_bytes, workers)
+        self.budget_gb = float(budget_gb)
+        self.targets = [targets] if isinstance(targets, str) else (list(targets) if targets else None)
+        self.cost = cost
+        self.solver = solver
+        self.quantum_bytes = int(quantum_bytes)
+        self.workers = int(workers)
+        self.measure = bool(measure)
+        self._plan: CheckpointPlan | None = None
+        self._profile: StepProfile | None = None
+        self._applied = False
+        self._meter: track_peak_bytes | None = None
+        self._measure_next = False
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.budget_gb * _GB)
+
+    @property
+    def plan(self) -> CheckpointPlan | None:
+        """The plan in force (``None`` before the first training step)."""
+        return self._plan
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(budget_gb=self.budget_gb)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            check_trainer(trainer, pl_module)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._applied:
+            self._start_measuring(trainer)
+            return
+        if self._plan is None:
+            self._plan = self._decide(trainer, self._profile_step(trainer, pl_module, batch, batch_idx))
+            rank_zero_info(f"AutoCheckpoint plan:\n{self._plan}")
+        else:
+            rank_zero_info(
+                f"AutoCheckpoint: re-applying the saved plan ({len(self._plan.checkpointed)} checkpointed)"
+            )
+        self._apply(pl_module, self._plan)
+        self._measure_next = self.measure and self._plan.measured_peak_bytes is None
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._meter is None:
+            return
+        peak_bytes = self._stop_measuring()
+        self._plan = self._plan.with_measured_peak(peak_bytes)
+        rank_zero_info(
+            f"AutoCheckpoint: measured peak {peak_bytes / _GB:.4f} GB, predicted {self._plan.predicted_peak_bytes / _GB:.4f} GB,"
+            f" budget {self.budget_gb:g} GB"
+        )
+        _log_metrics(trainer, self._plan)
+        if peak_bytes > self.budget_bytes and not self._plan.replanned:
+            self._replan(trainer, pl_module, overshoot_bytes=peak_bytes - self.budget_bytes)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self._meter is not None:
+            self._stop_measuring()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._meter is not None:
+            self._stop_measuring()
+        if stage == "fit" and self._applied:
+            remove_checkpointing(pl_module)
+            self._applied = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"budget_gb": self.budget_gb, "plan": None if self._plan is None else self._plan.to_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        plan = state_dict.get("plan")
+        self._plan = None if plan is None else CheckpointPlan.from_dict(plan)
+
+    # -- the work, handed to plain functions -------------------------------------------------------------
+
+    def _profile_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> StepProfile:
+        candidates = find_candidates(pl_module, self.targets)
+        candidates = [name for name in candidates if name not in strategy_checkpointed(pl_module)]
+        step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        with untouched_training_state(pl_module), no_gradient_sync(trainer):
+            self._profile = profile_step(pl_module, step_fn, candidates, cost=self.cost, optimizer=optimizer)
+        return self._profile
+
+    def _decide(
+        self, trainer: pl.Trainer, profile: StepProfile, budget_bytes: int | None = None
+    ) -> CheckpointPlan:
+        """Plan on rank 0 and broadcast it, so every rank applies the identical plan."""
+        payload: dict[str, Any] = {}
+        if trainer.is_global_zero:
+            try:
+                budget = self.budget_bytes if budget_bytes is None else budget_bytes
+                plan = make_plan(
+                    profile,
+                    budget,
+                    cost=self.cost,
+                    quantum_bytes=self.quantum_bytes,
+                    solver=self.solver,
+                    workers=self.workers,
+                )
+                payload = {"plan": plan.to_dict()}
+            except BudgetTooSmallError as error:
+                payload = {"error": (error.budget_bytes, error.minimum_bytes, len(profile.modules))}
+        payload = trainer.strategy.broadcast(payload, src=0)
+        if "error" in payload:
+            raise BudgetTooSmallError(*payload["error"])
+        plan = CheckpointPlan.from_dict(payload["plan"])
+        if not plan.checkpointed:
+            headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / _GB
+            rank_zero_info(
+                f"AutoCheckpoint: everything fits in {self.budget_gb:g} GB without checkpointing"
+                f" ({headroom_gb:.4f} GB headroom predicted)"
+            )
+        return plan
+
+    def _apply(self, pl_module: pl.LightningModule, plan: CheckpointPlan) -> None:
+        if plan.checkpointed:
+            apply_checkpointing(pl_module, plan.checkpointed)
+        self._applied = True
+
+    def _replan(self, trainer: pl.Trainer, pl_module: pl.LightningModule, overshoot_bytes: int) -> None:
+        rank_zero_warn(
+            f"AutoCheckpoint: measured peak is {overshoot_bytes / _GB:.4f} GB over the budget;"
+            " re-planning once with the overshoot subtracted"
+        )
+        measured = self._plan.measured_peak_bytes
+        try:
+            plan = self._decide(trainer, self._profile, self.budget_bytes - overshoot_bytes)
+        except BudgetTooSmallError as error:
+            rank_zero_warn(
+                f"AutoCheckpoint: cannot re-plan within the budget ({error}); keeping the current plan"
+            )
+            self._plan = _replanned(self._plan, self.budget_bytes, measured)
+            return
+        remove_checkpointing(pl_module)
+        self._plan = _replanned(plan, self.budget_bytes, None)
+        self._apply(pl_module, self._plan)
+        self._measure_next = self.measure
+        rank_zero_info(f"AutoCheckpoint re-plan:\n{self._plan}")
+
+    def _start_measuring(self, trainer: pl.Trainer) -> None:
+        if not self._measure_next:
+            return
+        self._measure_next = False
+        self._meter = track_peak_bytes(device=trainer.strategy.root_device)
+        self._meter.__enter__()
+
+    def _stop_measuring(self) -> int:
+        meter, self._meter = self._meter, None
+        meter.__exit__(None, None, None)
+        return int(meter.peak_bytes)
+
+
+def _replanned(plan: CheckpointPlan, budget_bytes: int, measured_peak_bytes: int | None) -> CheckpointPlan:
+    """Mark a plan as the result of the one re-plan, reporting the user's budget (not the reduced one)."""
+    data = plan.to_dict() | {
+        "replanned": True,
+        "budget_bytes": budget_bytes,
+        "measured_peak_bytes": measured_peak_bytes,
+    }
+    return CheckpointPlan.from_dict(data)
+
+
+def _log_metrics(trainer: pl.Trainer, plan: CheckpointPlan) -> None:
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics(plan.metrics(), step=trainer.global_step)
+
+
+def _check_arguments(
+    budget_gb: Any, targets: Any, cost: Any, solver: Any, quantum_bytes: Any, workers: Any
+) -> None:
+    if (
+        isinstance(budget_gb, bool)
+        or not isinstance(budget_gb, (int, float))
+        or not math.isfinite(budget_gb)
+        or budget_gb <= 0
+    ):
+        raise ValueError(f"`budget_gb` must be a positive finite number of GB, got {budget_gb!r}")
+    if targets is not None and not isinstance(targets, str):
+        if not isinstance(targets, Sequence) or not all(isinstance(t, str) and t for t in targets):
+            raise ValueError(
+                f"`targets` must be None or a list of module class names or name globs, got {targets!r}"
+            )
+    if cost not in _COSTS:
+        raise ValueError(f"`cost` must be one of {_COSTS}, got {cost!r}")
+    if solver not in _SOLVERS:
+        raise ValueError(f"`solver` must be one of {_SOLVERS}, got {solver!r}")
+    for name, value in (("quantum_bytes", quantum_bytes), ("workers", workers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r}")

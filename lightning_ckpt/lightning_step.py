@@ -1,0 +1,87 @@
+"""Running an extra, invisible training step inside a Lightning fit (for profiling).
+
+The profiling forward/backward must leave no trace on training: RNG streams, gradients, buffers
+(BatchNorm running stats) and logged metrics are exactly as they were before, so a run with AutoCheckpoint
+has the same loss curve and optimizer steps as one without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+
+import lightning.pytorch as pl
+
+
+@contextlib.contextmanager
+def untouched_training_state(module: torch.nn.Module) -> Iterator[None]:
+    """Restore RNG states, ``.grad`` of every parameter and every buffer's value on exit.
+
+    Example:
+        >>> layer = torch.nn.BatchNorm1d(2)
+        >>> with untouched_training_state(layer):
+        ...     layer(torch.randn(4, 2)).sum().backward()
+        >>> layer.weight.grad is None, bool(layer.running_mean.abs().sum() == 0)
+        (True, True)
+    """
+    rng_states = _collect_rng_states(include_cuda=torch.cuda.is_available())
+    grads = {param: param.grad for param in module.parameters()}
+    buffers = [(buf, buf.detach().clone()) for buf in module.buffers()]
+    for param in grads:
+        param.grad = None
+    try:
+        yield
+    finally:
+        for param, grad in grads.items():
+            param.grad = grad
+        with torch.no_grad():
+            for buf, saved in buffers:
+                buf.copy_(saved)
+        _set_rng_states(rng_states)
+
+
+@contextlib.contextmanager
+def muted_logging(pl_module: pl.LightningModule) -> Iterator[None]:
+    """Make ``self.log``/``self.log_dict`` no-ops, so a profiling step logs nothing twice."""
+    pl_module.log = _ignore  # type: ignore[method-assign]
+    pl_module.log_dict = _ignore  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del pl_module.log, pl_module.log_dict
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def training_loss_fn(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+) -> Callable:
+    """A function that runs ``training_step`` on ``batch`` as the trainer would, and returns the loss.
+
+    It runs inside the precision plugin's autocast context, outside the DDP/FSDP forward wrapper (so no
+    gradient synchronisation is prepared), with logging muted.
+    """
+
+    def step_fn() -> torch.Tensor:
+        with trainer.precision_plugin.train_step_context(), muted_logging(pl_module):
+            output = pl_module.training_step(batch, batch_idx)
+        loss = output["loss"] if isinstance(output, Mapping) else output
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(
+                f"AutoCheckpoint needs `training_step` to return a loss tensor or a dict with 'loss', got {type(output)}"
+            )
+        return loss
+
+    return step_fn
+
+
+def no_gradient_sync(trainer: pl.Trainer) -> contextlib.AbstractContextManager:
+    """The wrapped model's ``no_sync()`` (DDP, FSDP) if it has one, else a null context."""
+    no_sync = getattr(trainer.strategy.model, "no_sync", None)
+    return no_sync() if callable(no_sync) else contextlib.nullcontext()

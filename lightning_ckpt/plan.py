@@ -1,0 +1,140 @@
+"""`CheckpointPlan`: what AutoCheckpoint decided, and a readable report of it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_MB = 1e6
+_GB = 1e9
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One candidate module as the plan saw it (plain data, safe to save in a checkpoint).
+
+    Example:
+        >>> PlanItem("h.0", activation_bytes=4_000_000, input_bytes=1_000_000, recompute_seconds=0.002)
+        PlanItem(name='h.0', activation_bytes=4000000, input_bytes=1000000, recompute_seconds=0.002, flops=0)
+    """
+
+    name: str
+    activation_bytes: int
+    input_bytes: int
+    recompute_seconds: float
+    flops: int = 0
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Which candidate modules are checkpointed, and what that costs and saves.
+
+    Byte counts are per device. ``measured_peak_bytes`` is ``None`` until a step has run with the plan.
+
+    Example:
+        >>> plan = CheckpointPlan(
+        ...     checkpointed=("h.1",), kept=("h.0",),
+        ...     items=(PlanItem("h.0", 4_000_000, 1_000_000, 0.002), PlanItem("h.1", 4_000_000, 1_000_000, 0.003)),
+        ...     static_bytes=10_000_000, budget_bytes=20_000_000, predicted_peak_bytes=19_000_000,
+        ...     recompute_seconds=0.003, solver_method="hirschberg", solver_seconds=0.0001)
+        >>> plan.with_measured_peak(18_500_000).measured_peak_bytes
+        18500000
+        >>> CheckpointPlan.from_dict(plan.to_dict()) == plan
+        True
+    """
+
+    checkpointed: tuple[str, ...]
+    kept: tuple[str, ...]
+    items: tuple[PlanItem, ...]
+    static_bytes: int
+    budget_bytes: int
+    predicted_peak_bytes: int
+    recompute_seconds: float
+    solver_method: str
+    solver_seconds: float
+    measured_peak_bytes: int | None = None
+    replanned: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        """Whether the measured peak (or, before measuring, the predicted one) is within the budget."""
+        peak = self.predicted_peak_bytes if self.measured_peak_bytes is None else self.measured_peak_bytes
+        return peak <= self.budget_bytes
+
+    def with_measured_peak(self, measured_peak_bytes: int) -> CheckpointPlan:
+        """A copy of the plan with the measured peak filled in."""
+        return dataclasses.replace(self, measured_peak_bytes=int(measured_peak_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (lists, numbers, strings) for checkpoints and JSON."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CheckpointPlan:
+        """Inverse of :meth:`to_dict`."""
+        data = dict(data)
+        data["items"] = tuple(PlanItem(**item) for item in data.get("items", ()))
+        for key in ("checkpointed", "kept", "notes"):
+            data[key] = tuple(data.get(key, ()))
+        return cls(**data)
+
+    def metrics(self) -> dict[str, float]:
+        """Scalars for the trainer's logger (GB, counts, seconds)."""
+        out = {
+            "autockpt/predicted_peak_gb": self.predicted_peak_bytes / _GB,
+            "autockpt/budget_gb": self.budget_bytes / _GB,
+            "autockpt/num_checkpointed": float(len(self.checkpointed)),
+            "autockpt/recompute_ms_per_step": self.recompute_seconds * 1e3,
+        }
+        if self.measured_peak_bytes is not None:
+            out["autockpt/measured_peak_gb"] = self.measured_peak_bytes / _GB
+        return out
+
+    def __str__(self) -> str:
+        return format_plan_table(self)
+
+
+def format_plan_table(plan: CheckpointPlan) -> str:
+    """The plan as a fixed-width table with totals (what the callback logs on rank 0)."""
+    checkpointed = set(plan.checkpointed)
+    rows = [_item_row(item, item.name in checkpointed) for item in plan.items]
+    header = ("module", "activations MB", "saved MB", "recompute ms", "decision")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [_fmt_row(header, widths), _fmt_row(tuple("-" * w for w in widths), widths)]
+    lines += [_fmt_row(row, widths) for row in rows]
+    lines += ["", *_summary_lines(plan)]
+    return "\n".join(lines)
+
+
+def _item_row(item: PlanItem, is_checkpointed: bool) -> tuple[str, ...]:
+    freed_mb = max(item.activation_bytes - item.input_bytes, 0) / _MB if is_checkpointed else 0.0
+    decision = "checkpoint" if is_checkpointed else "keep"
+    recompute_ms = item.recompute_seconds * 1e3
+    return (
+        item.name,
+        f"{item.activation_bytes / _MB:.2f}",
+        f"{freed_mb:.2f}",
+        f"{recompute_ms:.3f}",
+        decision,
+    )
+
+
+def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:
+    first = f"{cells[0]:<{widths[0]}}"
+    rest = [f"{cell:>{width}}" for cell, width in zip(cells[1:], widths[1:])]
+    return "  ".join([first, *rest])
+
+
+def _summary_lines(plan: CheckpointPlan) -> list[str]:
+    measured = "not yet" if plan.measured_peak_bytes is None else f"{plan.measured_peak_bytes / _GB:.4f} GB"
+    lines = [
+        f"checkpointed {len(plan.checkpointed)} of {len(plan.items)} modules"
+        f" (+{plan.recompute_seconds * 1e3:.2f} ms recompute per step)",
+        f"budget {plan.budget_bytes / _GB:.4f} GB | static {plan.static_bytes / _GB:.4f} GB"
+        f" | predicted peak {plan.predicted_peak_bytes / _GB:.4f} GB | measured peak {measured}",
+        f"solver {plan.solver_method} in {plan.solver_seconds * 1e3:.2f} ms",
+    ]
+    return lines + [f"note: {note}" for note in plan.notes]

@@ -1,0 +1,105 @@
+"""From a step profile and a budget to a `CheckpointPlan`: the knapsack formulation.
+
+Keep (store activations) or checkpoint (store only inputs, recompute in backward) each candidate. The
+memory model (`lightning_ckpt.memory`) guarantees, for every checkpointed set S,
+
+    predict_peak_bytes(profile, S) <= fixed_peak_bytes(profile) + sum(keep_cost_bytes[m] for m kept),
+
+so a knapsack over the kept modules with capacity ``budget - fixed`` (weights rounded up and capacity
+rounded down to ``quantum_bytes``) always gives a plan whose predicted peak is within the budget, and the
+solver makes the kept recompute cost (the time saved) as large as possible.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+from lightning_ckpt.memory import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
+from lightning_ckpt.plan import CheckpointPlan, PlanItem
+from lightning_ckpt.profiler import StepProfile
+from lightning_ckpt.solver import quantize, solve_knapsack
+
+log = logging.getLogger(__name__)
+
+_GB = 1e9
+Cost = Literal["time", "flops"]
+
+
+class BudgetTooSmallError(ValueError):
+    """The budget is below what the model needs even with every candidate checkpointed."""
+
+    def __init__(self, budget_bytes: int, minimum_bytes: int, num_candidates: int) -> None:
+        self.budget_bytes = int(budget_bytes)
+        self.minimum_bytes = int(minimum_bytes)
+        minimum_gb = math.ceil(minimum_bytes / _GB * 1000) / 1000
+        super().__init__(
+            f"`budget_gb`={budget_bytes / _GB:g} is too small: even with all {num_candidates} candidate modules"
+            f" checkpointed this step needs {minimum_bytes / _GB:.4f} GB per device. The smallest budget that"
+            f" works is budget_gb={minimum_gb:g}; raise the budget or shrink the batch or sequence length."
+        )
+
+
+def item_values(profile: StepProfile, cost: Cost) -> list[float]:
+    """What keeping each candidate saves per step: recompute seconds, or forward flops."""
+    if cost == "time":
+        return [max(float(m.recompute_seconds), 0.0) for m in profile.modules]
+    return [float(max(m.flops, 0)) for m in profile.modules]
+
+
+def make_plan(
+    profile: StepProfile,
+    budget_bytes: int,
+    *,
+    cost: Cost = "time",
+    quantum_bytes: int = 512,
+    solver: str = "auto",
+    workers: int = 1,
+    notes: Sequence[str] = (),
+) -> CheckpointPlan:
+    """Choose the modules to checkpoint so the predicted peak fits ``budget_bytes`` at least recompute cost.
+
+    Raises:
+        BudgetTooSmallError: if even checkpointing every candidate does not fit.
+    """
+    names = [m.name for m in profile.modules]
+    fixed_bytes = fixed_peak_bytes(profile)
+    capacity_bytes = int(budget_bytes) - fixed_bytes
+    if capacity_bytes < 0:
+        raise BudgetTooSmallError(budget_bytes, fixed_bytes, len(names))
+    costs = keep_cost_bytes(profile)
+    weights_bytes = [max(int(costs[name]), 0) for name in names]
+    start = time.perf_counter()
+    if sum(weights_bytes) <= capacity_bytes:
+        kept, method = set(names), "all-fit"
+    else:
+        weights, capacity = quantize(weights_bytes, capacity_bytes, quantum_bytes)
+        result = solve_knapsack(weights, item_values(profile, cost), capacity, method=solver, workers=workers)
+        kept, method = {names[i] for i in result.chosen}, result.method
+    solver_seconds = time.perf_counter() - start
+    checkpointed = tuple(n for n in names if n not in kept)
+    return CheckpointPlan(
+        checkpointed=checkpointed,
+        kept=tuple(n for n in names if n in kept),
+        items=tuple(_plan_item(m) for m in profile.modules),
+        static_bytes=int(profile.static_bytes),
+        budget_bytes=int(budget_bytes),
+        predicted_peak_bytes=int(predict_peak_bytes(profile, checkpointed)),
+        recompute_seconds=sum(m.recompute_seconds for m in profile.modules if m.name in set(checkpointed)),
+        solver_method=method,
+        solver_seconds=solver_seconds,
+        notes=tuple(notes),
+    )
+
+
+def _plan_item(module_profile) -> PlanItem:
+    return PlanItem(
+        name=module_profile.name,
+        activation_bytes=int(module_profile.activation_bytes),
+        input_bytes=int(module_profile.input_bytes),
+        recompute_seconds=float(module_profile.recompute_seconds),
+        flops=int(module_profile.flops),
+    )

@@ -1,0 +1,51 @@
+"""Trainer set-ups AutoCheckpoint cannot serve, refused in ``setup`` with a message that says why."""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+import lightning.pytorch as pl
+
+
+def check_trainer(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    """Raise for what cannot work; warn where the strategy already checkpoints modules.
+
+    Raises:
+        ValueError: manual optimization, or a ``torch.compile``-d module.
+    """
+    if not pl_module.automatic_optimization:
+        raise ValueError(
+            "AutoCheckpoint needs automatic optimization (`automatic_optimization=True`): it profiles one"
+            " extra forward/backward of `training_step`, which with manual optimization would step the optimizer."
+        )
+    if getattr(pl_module, "_compiler_ctx", None) or any(_is_compiled(m) for m in pl_module.modules()):
+        raise ValueError(
+            "AutoCheckpoint does not support torch.compile-d modules: wrapping a compiled graph's submodules"
+            " after compilation would be ignored or force recompiles. Compile after planning is not supported"
+            " yet; remove torch.compile or the callback."
+        )
+    if getattr(trainer.strategy, "_activation_checkpointing_kwargs", None):
+        rank_zero_warn(
+            "The strategy's own `activation_checkpointing_policy` is set: AutoCheckpoint will not wrap the modules"
+            " it already checkpoints (never twice) and plans only the others."
+        )
+
+
+def strategy_checkpointed(module: torch.nn.Module) -> set[str]:
+    """Qualified names (wrapper prefixes stripped) of modules inside a torch ``CheckpointWrapper``."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from lightning_ckpt.wrapping import strip_wrapper_prefixes
+
+    names: set[str] = set()
+    for name, child in module.named_modules():
+        if isinstance(child, CheckpointWrapper):
+            names.update(
+                strip_wrapper_prefixes(f"{name}.{sub}".rstrip(".")) for sub, _ in child.named_modules()
+            )
+    return names
+
+
+def _is_compiled(module: torch.nn.Module) -> bool:
+    return type(module).__name__ == "OptimizedModule"
