@@ -7,11 +7,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import torch
+import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-import lightning.pytorch as pl
 from lightning_ckpt.candidates import find_candidates
 from lightning_ckpt.lightning_step import no_gradient_sync, training_loss_fn, untouched_training_state
 from lightning_ckpt.memory import track_peak_bytes

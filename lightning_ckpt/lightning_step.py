@@ -11,10 +11,9 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
-
-import lightning.pytorch as pl
 
 
 @contextlib.contextmanager

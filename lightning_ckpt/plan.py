@@ -124,7 +124,7 @@ def _item_row(item: PlanItem, is_checkpointed: bool) -> tuple[str, ...]:
 
 def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:
     first = f"{cells[0]:<{widths[0]}}"
-    rest = [f"{cell:>{width}}" for cell, width in zip(cells[1:], widths[1:])]
+    rest = [f"{cell:>{width}}" for cell, width in zip(cells[1:], widths[1:], strict=True)]
     return "  ".join([first, *rest])
 
 

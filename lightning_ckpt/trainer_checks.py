@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
-import lightning.pytorch as pl
 
 
 def check_trainer(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
