@@ -1,0 +1,174 @@
+"""The benchmark command and the instance generators (tiny grids; no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lightning_ckpt import bench
+from lightning_ckpt.bench import BenchOptions, BenchRow, Target, format_table, main, run_grid, run_jobs
+from lightning_ckpt.instances import FAMILIES, KnapsackInstance, make_instance
+
+QUIET = BenchOptions(max_seconds=60.0, progress=False)
+
+
+# ------------------------------------------------------------------------------------ instance families
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_instances_are_seeded_and_deterministic(family: str) -> None:
+    first, again = make_instance(family, 50, 10_000, seed=3), make_instance(family, 50, 10_000, seed=3)
+    other = make_instance(family, 50, 10_000, seed=4)
+    assert np.array_equal(first.weights, again.weights) and np.array_equal(first.values, again.values)
+    assert not np.array_equal(first.values, other.values)
+    assert first.weights.dtype == np.int64 and first.values.dtype == np.float64
+    assert (first.weights >= 1).all() and np.isfinite(first.values).all() and (first.values >= 0).all()
+
+
+def test_family_a_is_paper_like() -> None:
+    n, capacity = 400, 100_000
+    instance = make_instance("A", n, capacity, seed=1)
+    assert instance.weights.min() >= 1 and instance.weights.max() <= 4 * capacity // n
+    ratios = instance.values / instance.weights
+    assert ratios.min() >= 0.5 and ratios.max() <= 1.5
+    assert 1.7 < instance.weights.sum() / capacity < 2.3  # mean weight 2W/n: about half the items fit
+
+
+def test_family_b_is_strongly_correlated() -> None:
+    n, capacity = 400, 100_000
+    instance = make_instance("B", n, capacity, seed=1)
+    assert instance.weights.max() <= 4 * capacity // n
+    np.testing.assert_allclose(instance.values, instance.weights + capacity / (10 * n), rtol=1e-12)
+
+
+def test_family_c_repeats_ten_item_types_per_layer() -> None:
+    capacity = 100_000
+    instance = make_instance("C", 95, capacity, seed=2)
+    weights, values = instance.weights, instance.values
+    assert len(weights) == 95 and len(set(weights[:10].tolist())) > 1
+    assert np.array_equal(weights[10:], weights[:-10])  # identical layers keep identical activations
+    assert np.abs(values[10:] / values[:-10] - 1).max() < 0.1  # recompute times: small noise only
+    assert not np.array_equal(values[10:], values[:-10])
+    assert weights[:10].sum() * 10 == pytest.approx(2 * capacity, rel=0.01)  # ten layers weigh 2W
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (("D", 10, 100, 0), r"`family` must be one of A, B, C, got 'D'"),
+        (("A", 0, 100, 0), r"`n` must be an integer >= 1, got 0"),
+        (("A", 10, 2.5, 0), r"`capacity` must be an integer >= 1, got 2.5"),
+        (("A", 10, 100, -1), r"`seed` must be an integer >= 0, got -1"),
+    ],
+)
+def test_make_instance_rejects_bad_arguments(arguments: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_instance(*arguments)
+
+
+# --------------------------------------------------------------------------------------- the command
+
+
+def test_main_runs_every_method_and_writes_plot_and_json(tmp_path, capsys) -> None:
+    plot, data = tmp_path / "bench.png", tmp_path / "bench.json"
+    methods = list(bench.METHODS)
+    argv = ["--families", "A", "C", "--n", "12", "--W", "60", "--methods", *methods]
+    code = main([*argv, "--plot", str(plot), "--json", str(data), "--no-progress", "--max-seconds", "60"])
+    assert code == 0
+    table = capsys.readouterr().out
+    lines = [line.split() for line in table.splitlines() if line and not line.startswith("#")]
+    assert lines[0][:4] == ["family", "n", "W", "method"]
+    assert sorted(line[3] for line in lines[1:]) == sorted(methods * 2)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = json.loads(data.read_text())["rows"]
+    assert len(rows) == 2 * len(methods) and all(row["status"] == "ok" for row in rows)
+    ours_exact = [r for r in rows if r["method"] in ("hirschberg", "hirschberg-w2", "auto", "dp", "ilp")]
+    assert all(r["feasible"] and r["gap"] == 0 for r in ours_exact)
+    assert all(r["weight"] <= r["capacity"] for r in rows if r["feasible"])
+
+
+def test_feasibility_column_flags_torch_capacity_leak() -> None:
+    leak = KnapsackInstance("A", 3, 1, 0, np.array([1, 1, 1]), np.array([1.0, 1.0, 1.0]))
+    report = run_jobs([(leak, ["hirschberg", "torch-sliding"])], QUIET)
+    ours, theirs = report.rows
+    assert (ours.status, ours.feasible, ours.weight, ours.value, ours.gap) == ("ok", True, 1, 1.0, 0.0)
+    assert (theirs.status, theirs.feasible, theirs.weight, theirs.value) == ("ok", False, 2, 2.0)
+    torch_line = next(line for line in format_table(report.rows).splitlines() if "torch-sliding" in line)
+    assert "NO (+1)" in torch_line
+
+
+def test_peak_memory_counts_torch_tables() -> None:
+    instance = make_instance("B", 50, 400_000, seed=0)
+    torch_dp, torch_sliding = run_jobs([(instance, ["torch-dp", "torch-sliding"])], QUIET).rows
+    table_bytes = 51 * 400_001 * 4  # torch's float32 (n+1) x (W+1) table
+    assert 0.95 * table_bytes < torch_dp.peak_bytes < 1.3 * table_bytes
+    assert torch_sliding.peak_bytes < 0.2 * table_bytes  # four float32 profiles of W+1: 6.4 MB
+
+
+def test_peak_memory_counts_numpy_arrays_in_process() -> None:
+    result = bench._timed_calls(lambda: np.ones(25_000_000)[:3].nonzero()[0], 0.0, 1)
+    assert 0.95 * 200e6 < result["self_peak_bytes"] < 1.1 * 200e6
+    assert result["chosen"] == [0, 1, 2] and result["repeats"] == 1
+
+
+def test_process_tree_is_found_and_measured() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert child.pid in bench._descendants(os.getpid())
+        assert bench._pss_bytes([child.pid]) > 1e6
+    finally:
+        child.communicate(b"")
+
+
+def test_runner_is_killed_at_its_time_limit() -> None:
+    runner = bench._Runner("torch-sliding", torch_threads=1)
+    result = runner.call(make_instance("A", 10, 100), kill_after_s=0.01)  # torch alone takes longer to import
+    assert result["status"] == "timeout" and not runner.alive()
+
+
+def test_skip_rules_refuse_large_tables_and_skip_slow_runs_without_running_them() -> None:
+    paper = make_instance("A", 2000, 140_000_000)
+    report = run_grid(
+        ["B"], [10], [100], ["torch-sliding"], options=BenchOptions(max_seconds=1e-12, progress=False)
+    )
+    report_paper = run_jobs([(paper, ["torch-dp"])], BenchOptions(max_memory_gb=4.0, progress=False))
+    (slow,), (refused,) = report.rows, report_paper.rows
+    assert slow.status == "skipped" and slow.note.startswith("skipped (est.") and slow.estimated_time_s > 0
+    assert refused.status == "refused" and refused.note == "refused: table needs 1.12e+03 GB > 4 GB"
+    assert report.first_call_s == {} and report_paper.first_call_s == {}  # no runner was started
+
+
+def test_score_fills_gap_speedup_and_rate() -> None:
+    instance = make_instance("A", 10, 1000)
+    rows = [
+        BenchRow("A", 10, 1000, "auto", "ok", time_s=0.5, value=10.0, feasible=True),
+        BenchRow("A", 10, 1000, "greedy", "ok", time_s=0.1, value=9.0, feasible=True),
+        BenchRow("A", 10, 1000, "torch-sliding", "ok", time_s=2.0, value=11.0, feasible=False),
+    ]
+    bench._score(rows, instance)
+    assert [r.gap for r in rows] == [0.0, pytest.approx(0.1), pytest.approx(-0.1)]
+    assert [r.speedup_vs_torch for r in rows] == [4.0, 20.0, 1.0]
+    assert rows[0].gcells_per_s == pytest.approx(10 * 1000 / 0.5 / 1e9) and rows[1].gcells_per_s is None
+
+
+def test_verdicts_pass_and_miss() -> None:
+    rows = [
+        BenchRow("A", 10, 100, "auto", "ok", time_s=0.1, value=5.0, feasible=True, gap=0.0, peak_bytes=4000),
+        BenchRow("A", 10, 100, "torch-sliding", "ok", time_s=1.0, value=5.0, feasible=True, gap=0.0),
+    ]
+    passed = bench._verdict(Target("t", "A", 10, 100, "auto", "torch-sliding", 5.0), rows)
+    missed = bench._verdict(
+        Target("t", "A", 10, 100, "auto", "torch-sliding", 20.0, max_peak_bytes_per_unit=32), rows
+    )
+    assert passed["passed"] and "ratio 10x" in passed["measured"]
+    assert not missed["passed"] and missed["misses"] == ["ratio 10x < 20x", "peak 40 B/unit > 32"]
+
+
+def test_main_rejects_unknown_names(capsys) -> None:
+    assert main(["--methods", "hirschberg", "simplex"]) == 2
+    assert "--methods must be among hirschberg" in capsys.readouterr().err
