@@ -1,0 +1,36 @@
+"""Train the GPT example from a YAML config with LightningCLI.
+
+Run from the repository root::
+
+    python -m examples.train fit --config configs/gpt-cpu.yaml
+
+Any key can be overridden on the command line (``--trainer.max_steps 50``, ``--model.n_layer 2``);
+``python -m examples.train fit --config configs/gpt-cpu.yaml --print_config`` shows the full config.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.cli import LightningCLI
+
+from examples.data import CharDataModule
+from examples.gpt import GPT
+
+
+def main(args: list[str] | None = None) -> LightningCLI:
+    """Build the CLI from ``args`` (``sys.argv`` when ``None``) and run its subcommand.
+
+    The config names its classes (``model: class_path: examples.gpt.GPT``), so any LightningModule
+    subclass of ``GPT`` or LightningDataModule subclass of ``CharDataModule`` can be swapped in.
+    """
+    return LightningCLI(
+        GPT,
+        CharDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Every YAML in configs/ parses through LightningCLI; the GPU configs are parsed, never run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from examples.data import CharDataModule
+from examples.gpt import GPT, Block, GPTConfig
+from lightning_ckpt.run_config import load_run_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+_CALLBACK_ARGS = {"budget_gb", "targets", "cost", "solver", "quantum_bytes", "workers"}
+_KEY = re.compile(r"^\s*(- )?[\w.]+:")  # a YAML key, with or without a value on its line
+
+
+def test_the_three_configs_exist() -> None:
+    assert {path.name for path in CONFIGS} >= {"gpt-cpu.yaml", "gpt2-124m-ddp.yaml", "gpt2-xl-fsdp.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_config_parses_and_its_cheap_parts_build(path: Path) -> None:
+    run = load_run_config(path)
+    assert run.model.load_class() is GPT
+    assert run.data is not None and run.data.load_class() is CharDataModule
+    model_args = run.model.init_args
+    sizes = {key: model_args[key] for key in GPTConfig.__dataclass_fields__ if key in model_args}
+    GPTConfig(**sizes)  # validates sizes (n_embd divisible by n_head, ...) without building weights
+    data = run.data.instantiate()  # cheap: reads no text until setup()
+    assert data.hparams.block_size == model_args["block_size"]
+    assert set(run.autocheckpoint) == _CALLBACK_ARGS
+    callback_spec = next(cb for cb in run.trainer["callbacks"] if cb.class_path.endswith("AutoCheckpoint"))
+    assert callback_spec.instantiate().budget_gb == run.autocheckpoint["budget_gb"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+def test_every_key_is_commented(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    uncommented = [
+        line
+        for line, previous in zip(lines, ["", *lines[:-1]], strict=True)
+        if _KEY.match(line) and "#" not in line and not previous.strip().startswith("#")
+    ]
+    assert uncommented == []
+
+
+def test_fsdp_config_wraps_blocks_and_shards_fully() -> None:
+    from torch.distributed.fsdp import ShardingStrategy
+
+    run = load_run_config(Path(CONFIGS[0]).parent / "gpt2-xl-fsdp.yaml")
+    assert run.strategy_name == "fsdp" and run.world_size > 8
+    assert run.trainer["precision"].startswith("bf16")
+    strategy = run.trainer["strategy"].instantiate()  # builds no process group
+    assert strategy.sharding_strategy == ShardingStrategy.FULL_SHARD
+    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {Block}
+    assert strategy._activation_checkpointing_kwargs == {}  # AutoCheckpoint decides, not FSDP
+
+
+def test_ddp_config_is_one_node_bf16_gpt2_small() -> None:
+    run = load_run_config(Path(CONFIGS[0]).parent / "gpt2-124m-ddp.yaml")
+    assert run.strategy_name == "ddp" and run.trainer["num_nodes"] == 1
+    assert run.trainer["precision"] == "bf16-mixed"
+    args = run.model.init_args
+    assert (args["n_layer"], args["n_head"], args["n_embd"], args["block_size"]) == (12, 12, 768, 1024)
