@@ -1,0 +1,80 @@
+"""Module names that survive wrappers: strip FSDP/DDP/compile/checkpoint prefixes and resolve names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch.nn as nn
+
+_WRAPPER_PARTS = frozenset(
+    {"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module", "_forward_module"}
+)
+_LEADING_PARTS = frozenset({"module"})  # DDP / DataParallel: only as the first components
+
+
+def strip_wrapper_prefixes(name: str) -> str:
+    """Drop the name components that wrappers insert, so names match the unwrapped model.
+
+    ``_fsdp_wrapped_module``, ``_orig_mod`` (torch.compile), ``_checkpoint_wrapped_module`` and
+    ``_forward_module`` (Lightning) are dropped anywhere; ``module`` (DDP) only at the start, since a
+    user's model may have a submodule of that name.
+
+    Example:
+        >>> strip_wrapper_prefixes("module._orig_mod.transformer.h.0._fsdp_wrapped_module.mlp")
+        'transformer.h.0.mlp'
+        >>> strip_wrapper_prefixes("encoder.module.fc")
+        'encoder.module.fc'
+    """
+    parts = name.split(".") if name else []
+    while parts and parts[0] in _LEADING_PARTS | _WRAPPER_PARTS:
+        parts.pop(0)
+    return ".".join(part for part in parts if part not in _WRAPPER_PARTS)
+
+
+def stripped_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Map each stripped name to its innermost module (the user's module, not the wrapper around it)."""
+    modules: dict[str, nn.Module] = {}
+    for name, module in model.named_modules():
+        modules[strip_wrapper_prefixes(name)] = module  # named_modules yields outer before inner
+    return modules
+
+
+def outer_modules(model: nn.Module, name: str) -> list[nn.Module]:
+    """All modules (wrappers included, outermost first) whose stripped name is ``name``."""
+    return [
+        module for qualified, module in model.named_modules() if strip_wrapper_prefixes(qualified) == name
+    ]
+
+
+def resolve_modules(model: nn.Module, names: Iterable[str], argument: str = "names") -> dict[str, nn.Module]:
+    """Resolve stripped (or wrapped) names to modules, all or nothing.
+
+    Raises:
+        ValueError: if a name is not a module of ``model``; the message lists a few that are.
+    """
+    modules = stripped_modules(model)
+    resolved: dict[str, nn.Module] = {}
+    unknown = []
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"`{argument}` must hold module names (str), got {type(name).__name__}: {name!r}")
+        key = strip_wrapper_prefixes(name)
+        if key in modules and key:
+            resolved[key] = modules[key]
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(
+            f"`{argument}` must name submodules of the model, got unknown {unknown[:5]}; "
+            f"valid names include {example_names(model)}"
+        )
+    return resolved
+
+
+def example_names(model: nn.Module, limit: int = 6) -> list[str]:
+    """A few qualified submodule names of ``model`` with their classes, for error messages."""
+    names = [f"{name} ({type(m).__name__})" for name, m in stripped_modules(model).items() if name]
+    if len(names) <= limit:
+        return names
+    step = len(names) / limit
+    return [names[int(i * step)] for i in range(limit)]

@@ -1,0 +1,119 @@
+"""Hooks that record, during one forward+backward, which storages each candidate saves and keeps.
+
+Module pre/post hooks keep a stack of the active candidates (the innermost wins); saved-tensor hooks
+record every saved storage with its owner and a forward sequence number; during the backward, unpacking
+a saved tensor tells which forward point the backward has reached (its "phase"), so that the live-memory
+peak of each phase can be measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightning_ckpt._storage import LiveStorageTracker, storage_key, storage_of
+
+
+@dataclass
+class StorageRow:
+    """What happened to one storage: its size, who saved it (and when), whose input it was (and when)."""
+
+    nbytes: int
+    saves: list[tuple[str | None, int]] = field(default_factory=list)
+    inputs: list[tuple[str, int]] = field(default_factory=list)
+
+
+class Recorder:
+    """Collects storage rows, forward flops and backward phase peaks; see :meth:`recording`."""
+
+    def __init__(
+        self, modules: dict[str, nn.Module], excluded: set[int], flop_counter: FlopCounterMode
+    ) -> None:
+        self.modules = modules
+        self.excluded = excluded  # storage keys of parameters and buffers
+        self.flop_counter = flop_counter
+        self.tracker = LiveStorageTracker()
+        self.seq = 0
+        self.stack: list[tuple[str, int]] = []  # (candidate, flops at entry)
+        self.rows: list[StorageRow] = []
+        self.flops: dict[str, int] = dict.fromkeys(modules, 0)
+        self._live_rows: dict[int, StorageRow] = {}
+
+    def _next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _row(self, tensor: Any) -> StorageRow | None:
+        storage = storage_of(tensor)
+        if storage is None or storage_key(storage) in self.excluded:
+            return None
+        key = storage_key(storage)
+        row = self._live_rows.get(key)
+        if row is None:  # new storage (or a dead one's address reused: the finalizer dropped the old row)
+            row = self._live_rows[key] = StorageRow(storage.nbytes())
+            self.rows.append(row)
+            weakref.finalize(storage, self._live_rows.pop, key, None).atexit = False
+        return row
+
+    def _pre_hook(self, name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            seq = self._next()
+            for tensor in tree_leaves((args, kwargs)):
+                row = self._row(tensor)
+                if row is not None:
+                    row.inputs.append((name, seq))
+            self.stack.append((name, self.flop_counter.get_total_flops()))
+
+        return hook
+
+    def _post_hook(self, name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            self._next()
+            while self.stack:  # always_call: also runs when the forward raised
+                popped, flops_at_entry = self.stack.pop()
+                if popped == name:
+                    self.flops[name] += self.flop_counter.get_total_flops() - flops_at_entry
+                    break
+
+        return hook
+
+    def _pack(self, tensor: torch.Tensor) -> tuple[int, str | None, torch.Tensor]:
+        seq = self._next()
+        owner = self.stack[-1][0] if self.stack else None
+        row = self._row(tensor)
+        if row is not None:
+            row.saves.append((owner, seq))
+        return seq, owner, tensor
+
+    def _unpack(self, packed: tuple[int, str | None, torch.Tensor]) -> torch.Tensor:
+        seq, owner, tensor = packed
+        self.tracker.phase = (seq, owner)
+        return tensor
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[Recorder]:
+        """Install every hook and mode; all are removed on exit, also when the body raises."""
+        handles = []
+        try:
+            for name, module in self.modules.items():
+                handles.append(module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True))
+                handles.append(
+                    module.register_forward_hook(self._post_hook(name), with_kwargs=True, always_call=True)
+                )
+            with (
+                self.flop_counter,
+                self.tracker,
+                torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
+            ):
+                yield self
+        finally:
+            for handle in handles:
+                handle.remove()

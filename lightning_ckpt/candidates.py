@@ -1,0 +1,133 @@
+"""Find the modules that may be checkpointed: the repeated blocks of a model, or user-chosen targets.
+
+Rules:
+- Default: the children of the largest ``nn.ModuleList`` (or ``nn.Sequential``) whose children all have
+  the same class (the transformer layers). Ties go to the one met first in ``named_modules()``.
+- ``targets``: class names (``"Block"``) or glob patterns on qualified names (``"transformer.h.*.mlp"``,
+  ``fnmatch`` syntax, ``*`` also matches dots). A module matches if its class name equals a target or its
+  name matches a target as a glob.
+- Overlaps: when a module and one of its descendants both match, the outermost wins (checkpointing it
+  already recomputes the descendant); the dropped descendants are logged.
+- Unsafe: a module that holds a normalization layer tracking running statistics (BatchNorm, SyncBatchNorm,
+  InstanceNorm with ``track_running_stats``) would update them twice in training (forward and
+  recomputation). Such modules are excluded with a logged reason unless ``allow_unsafe=True``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from collections.abc import Sequence
+
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _NormBase
+
+from lightning_ckpt._modules import example_names, stripped_modules
+
+__all__ = ["find_candidates"]
+
+log = logging.getLogger(__name__)
+
+
+def find_candidates(
+    model: nn.Module, targets: Sequence[str] | None = None, *, allow_unsafe: bool = False
+) -> list[str]:
+    """Qualified names of the modules that may be checkpointed, in ``named_modules()`` order.
+
+    Args:
+        model: any ``nn.Module`` (wrapper prefixes such as ``module.`` or ``_orig_mod.`` are stripped).
+        targets: class names or qualified-name globs; ``None`` picks the repeated blocks. A single string
+            is taken as one target.
+        allow_unsafe: keep modules that cannot be recomputed faithfully (running-stats norms).
+
+    Raises:
+        ValueError: if a target matches nothing (the message lists names that exist), or ``targets`` is
+            ``None`` and the model has no list of repeated modules.
+
+    Example:
+        >>> from tests.tiny_gpt import GPT, GPTConfig
+        >>> model = GPT(GPTConfig(n_layer=2))
+        >>> find_candidates(model)
+        ['transformer.h.0', 'transformer.h.1']
+        >>> find_candidates(model, ["transformer.h.*.mlp", "CausalSelfAttention"])
+        ['transformer.h.0.attn', 'transformer.h.0.mlp', 'transformer.h.1.attn', 'transformer.h.1.mlp']
+    """
+    modules = stripped_modules(model)
+    if targets is None:
+        names = _repeated_blocks(model, modules)
+    else:
+        names = _outermost(_match_targets(model, modules, _as_target_list(targets)))
+    if allow_unsafe:
+        return names
+    return [name for name in names if _is_safe(name, modules[name])]
+
+
+def _as_target_list(targets: Sequence[str] | str) -> list[str]:
+    if isinstance(targets, str):
+        targets = [targets]
+    if not all(isinstance(target, str) and target for target in targets):
+        raise TypeError(f"`targets` must be class names or name globs (non-empty str), got {targets!r}")
+    return list(targets)
+
+
+def _repeated_blocks(model: nn.Module, modules: dict[str, nn.Module]) -> list[str]:
+    best: list[str] = []
+    for name, module in modules.items():
+        if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) < 2:
+            continue
+        if len({type(child) for child in module}) == 1 and len(module) > len(best):
+            prefix = f"{name}." if name else ""
+            best = [f"{prefix}{index}" for index in range(len(module))]
+    if not best:
+        raise ValueError(
+            "`targets` is None, so the blocks of the largest nn.ModuleList of repeated modules are used, "
+            f"but the model has none; pass `targets` (class names or name globs), e.g. one of "
+            f"{example_names(model)}"
+        )
+    return best
+
+
+def _match_targets(model: nn.Module, modules: dict[str, nn.Module], targets: list[str]) -> list[str]:
+    matched: list[str] = []
+    for target in targets:
+        hits = [
+            name
+            for name, module in modules.items()
+            if name and (type(module).__name__ == target or fnmatch.fnmatchcase(name, target))
+        ]
+        if not hits:
+            raise ValueError(
+                f"`targets` entry {target!r} matches no module (class name or qualified-name glob); "
+                f"modules include {example_names(model)}"
+            )
+        matched += [name for name in hits if name not in matched]
+    order = {name: index for index, name in enumerate(modules)}
+    return sorted(matched, key=order.__getitem__)
+
+
+def _outermost(names: list[str]) -> list[str]:
+    kept: list[str] = []
+    for name in names:  # sorted in named_modules() order: ancestors come before descendants
+        ancestor = next((outer for outer in kept if name.startswith(outer + ".")), None)
+        if ancestor is None:
+            kept.append(name)
+        else:
+            log.info(
+                "candidate %r dropped: its ancestor %r is a candidate too (outermost wins)", name, ancestor
+            )
+    return kept
+
+
+def _is_safe(name: str, module: nn.Module) -> bool:
+    for inner_name, inner in module.named_modules():
+        if isinstance(inner, _NormBase) and inner.track_running_stats:
+            where = f"{name}.{inner_name}" if inner_name else name
+            log.info(
+                "candidate %r excluded: %s at %r updates running statistics again when recomputed "
+                "(pass allow_unsafe=True to keep it)",
+                name,
+                type(inner).__name__,
+                where,
+            )
+            return False
+    return True

@@ -1,0 +1,290 @@
+"""Profile one training step: what each candidate module saves for backward and what recomputing it costs.
+
+``profile_step`` runs one real forward+backward with saved-tensor hooks, module hooks, a live-storage
+counter and ``FlopCounterMode``, and returns a :class:`StepProfile` that :mod:`lightning_ckpt.memory`
+turns into a peak-memory prediction for any set of checkpointed candidates.
+
+Side effects, by design: the step consumes random numbers (dropout), so the caller restores RNG state if
+it matters; parameter gradients are saved before and restored after (the profile runs on fresh zero
+gradients, so that gradients are present during the backward as in any later step). Modules already
+checkpointed by :func:`lightning_ckpt.wrapping.apply_checkpointing` are unwrapped for the profile and
+wrapped again afterwards. Memory is counted per storage, on real or fake tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightning_ckpt._modules import resolve_modules
+from lightning_ckpt._recorder import Recorder
+from lightning_ckpt._storage import storage_key, storage_of, unique_storage_bytes
+from lightning_ckpt._timeline import alive_bytes
+from lightning_ckpt.memory import estimate_optimizer_bytes
+from lightning_ckpt.wrapping import apply_checkpointing, checkpointed_names, remove_checkpointing
+
+__all__ = ["BackwardPhase", "ModuleProfile", "SavedStorage", "StepProfile", "profile_step"]
+
+
+@dataclass(frozen=True)
+class ModuleProfile:
+    """What one candidate costs: memory it saves for backward, memory a checkpoint keeps, recompute cost."""
+
+    name: str
+    """Qualified name as in ``model.named_modules()``, wrapper prefixes stripped."""
+    activation_bytes: int
+    """Bytes of the distinct storages saved for backward inside this module (innermost candidate wins);
+    includes saved inputs. Checkpointing frees the part that is not an input (see ``keep_cost_bytes``)."""
+    input_bytes: int
+    """Bytes of the distinct storages of the module's tensor inputs, which a checkpoint keeps instead."""
+    recompute_seconds: float
+    """Time of one forward of the module (summed over calls; 0.0 when ``cost="flops"``)."""
+    flops: int
+    """Forward flops of the module (``FlopCounterMode``), summed over calls."""
+
+
+@dataclass(frozen=True)
+class SavedStorage:
+    """One storage saved for backward or given to a candidate: the timeline the memory model needs."""
+
+    nbytes: int
+    saves: tuple[tuple[str | None, int], ...]
+    """(innermost candidate or ``None``, forward sequence number) of each save."""
+    inputs: tuple[tuple[str, int], ...]
+    """(candidate, forward sequence number of the call) for each call that took it as a tensor input."""
+
+
+@dataclass(frozen=True)
+class BackwardPhase:
+    """The measured peak of one point of the backward, beyond the saved storages alive there."""
+
+    time: float
+    """Forward sequence number the backward has reached (``inf``: forward, loss and head of the backward)."""
+    candidate: str | None
+    """Candidate whose forward holds ``time`` (it is being recomputed there if checkpointed), or None."""
+    extra_bytes: int
+    """Peak live bytes in this phase minus the saved bytes alive there (gradients, temporaries)."""
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """Memory and compute of one training step, per candidate and overall (bytes, seconds, flops)."""
+
+    modules: tuple[ModuleProfile, ...]
+    param_bytes: int
+    grad_bytes: int
+    """Bytes of the gradients of trainable parameters (counted even before the first backward)."""
+    optimizer_bytes: int
+    """Optimizer state bytes (estimated from the optimizer type when it has no state yet)."""
+    buffer_bytes: int
+    other_activation_bytes: int
+    """Bytes saved for backward outside every candidate."""
+    backward_extra_bytes: int
+    """The most the backward needs beyond the saved activations alive at that moment: activation
+    gradients and op temporaries (the largest ``BackwardPhase.extra_bytes``)."""
+    storages: tuple[SavedStorage, ...] = ()
+    """Storage-level timeline; empty in hand-made profiles (the memory model then uses the totals)."""
+    phases: tuple[BackwardPhase, ...] = ()
+
+    @property
+    def static_bytes(self) -> int:
+        """Parameters, gradients, optimizer state and buffers."""
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.buffer_bytes
+
+    def module(self, name: str) -> ModuleProfile:
+        """The profile of candidate ``name``."""
+        return next(module for module in self.modules if module.name == name)
+
+
+def profile_step(
+    model: nn.Module,
+    step_fn: Callable[[], Any],
+    candidates: Sequence[str],
+    cost: Literal["time", "flops"] = "time",
+    *,
+    optimizer: Any = None,
+) -> StepProfile:
+    """Run one forward+backward of ``model`` and measure, per candidate, memory saved and recompute cost.
+
+    Args:
+        model: the model (real or fake parameters; wrapper prefixes in names are stripped).
+        step_fn: runs the forward and returns the loss; ``profile_step`` calls ``backward()`` on it.
+        candidates: qualified names of the candidate modules (see :func:`lightning_ckpt.find_candidates`).
+        cost: ``"time"`` also times one more forward per step to get ``recompute_seconds`` (CUDA events
+            on CUDA, ``perf_counter`` on CPU); ``"flops"`` skips it (required for fake tensors).
+        optimizer: an optimizer instance, class or name, for the optimizer-state bytes (see
+            :func:`lightning_ckpt.memory.estimate_optimizer_bytes`).
+
+    Raises:
+        ValueError: bad ``cost``, unknown candidate names, ``cost="time"`` on fake tensors, or a
+            ``step_fn`` that does not return a loss that requires grad.
+
+    Example:
+        >>> from tests.tiny_gpt import GPT, GPTConfig, make_batch
+        >>> model = GPT(GPTConfig(n_layer=2, block_size=16))
+        >>> idx, targets = make_batch(model.config, batch_size=2)
+        >>> profile = profile_step(model, lambda: model(idx, targets), ["transformer.h.0", "transformer.h.1"])
+        >>> [m.name for m in profile.modules], profile.modules[0].activation_bytes > 0
+        (['transformer.h.0', 'transformer.h.1'], True)
+    """
+    if cost not in ("time", "flops"):
+        raise ValueError(f'`cost` must be "time" or "flops", got {cost!r}')
+    modules = resolve_modules(model, candidates, argument="candidates")
+    if cost == "time" and any(isinstance(p, FakeTensor) for p in model.parameters()):
+        raise ValueError(
+            '`cost` must be "flops" when the model has fake tensors (nothing to time), got "time"'
+        )
+    with _unwrapped(model), _fresh_grads(model):
+        recorder = Recorder(modules, _param_and_buffer_keys(model), FlopCounterMode(display=False))
+        with recorder.recording():
+            _backward(step_fn())
+        seconds = _time_forwards(modules, step_fn) if cost == "time" else dict.fromkeys(modules, 0.0)
+    return _build_profile(model, recorder, seconds, optimizer)
+
+
+def _backward(loss: Any) -> None:
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+        raise ValueError(
+            f"`step_fn` must return the loss, a tensor that requires grad, got {type(loss).__name__}"
+        )
+    loss.backward()
+
+
+def _param_and_buffer_keys(model: nn.Module) -> set[int]:
+    tensors = [*model.parameters(), *model.buffers()]
+    return {storage_key(s) for s in map(storage_of, tensors) if s is not None}
+
+
+@contextlib.contextmanager
+def _unwrapped(model: nn.Module) -> Iterator[None]:
+    """Remove this package's checkpointing for the duration (a checkpoint would hide the saved tensors)."""
+    names = checkpointed_names(model)
+    remove_checkpointing(model)
+    try:
+        yield
+    finally:
+        if names:
+            apply_checkpointing(model, names)
+
+
+@contextlib.contextmanager
+def _fresh_grads(model: nn.Module) -> Iterator[None]:
+    """Give trainable parameters zero gradients for the duration; put the caller's gradients back after."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    saved = [p.grad for p in params]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        yield
+    finally:
+        for p, grad in zip(params, saved, strict=True):
+            p.grad = grad
+
+
+def _time_forwards(modules: dict[str, nn.Module], step_fn: Callable[[], Any]) -> dict[str, float]:
+    """Seconds of each candidate's forward(s) in one more forward of the step (the graph is dropped)."""
+    timers: dict[str, list[_Timer]] = {name: [] for name in modules}
+    handles = []
+    try:
+        for name, module in modules.items():
+            handles.append(
+                module.register_forward_pre_hook(lambda *_, n=name: timers[n].append(_Timer.start()))
+            )
+            handles.append(
+                module.register_forward_hook(lambda *_, n=name: timers[n][-1].stop(), always_call=True)
+            )
+        with torch.enable_grad():
+            step_fn()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: sum(timer.seconds() for timer in calls) for name, calls in timers.items()}
+
+
+class _Timer:
+    """Wall time on CPU; CUDA events (read after a synchronize) when CUDA is in use."""
+
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.begin: Any = None
+        self.end: Any = None
+
+    @classmethod
+    def start(cls) -> _Timer:
+        timer = cls()
+        timer.begin = timer._now()
+        return timer
+
+    def stop(self) -> None:
+        self.end = self._now()
+
+    def _now(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self) -> float:
+        if self.end is None:
+            return 0.0
+        if not self.cuda:
+            return self.end - self.begin
+        self.end.synchronize()
+        return self.begin.elapsed_time(self.end) / 1000.0
+
+
+def _build_profile(
+    model: nn.Module, recorder: Recorder, seconds: dict[str, float], optimizer: Any
+) -> StepProfile:
+    storages = tuple(SavedStorage(row.nbytes, tuple(row.saves), tuple(row.inputs)) for row in recorder.rows)
+    modules = tuple(
+        ModuleProfile(
+            name=name,
+            activation_bytes=_bytes_where(
+                storages, lambda s, n=name: any(owner == n for owner, _ in s.saves)
+            ),
+            input_bytes=_bytes_where(storages, lambda s, n=name: any(c == n for c, _ in s.inputs)),
+            recompute_seconds=seconds[name],
+            flops=int(recorder.flops[name]),
+        )
+        for name in recorder.modules
+    )
+    phases = _phases(storages, recorder.tracker.phase_peak_bytes)
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    return StepProfile(
+        modules=modules,
+        param_bytes=unique_storage_bytes(params),
+        grad_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        optimizer_bytes=estimate_optimizer_bytes(trainable, optimizer),
+        buffer_bytes=unique_storage_bytes(model.buffers()),
+        other_activation_bytes=_bytes_where(storages, lambda s: any(owner is None for owner, _ in s.saves)),
+        backward_extra_bytes=max((phase.extra_bytes for phase in phases), default=0),
+        storages=storages,
+        phases=phases,
+    )
+
+
+def _bytes_where(storages: tuple[SavedStorage, ...], keep: Callable[[SavedStorage], bool]) -> int:
+    return sum(storage.nbytes for storage in storages if keep(storage))
+
+
+def _phases(storages: tuple[SavedStorage, ...], peaks: dict[Any, int]) -> tuple[BackwardPhase, ...]:
+    """Turn the tracker's per-phase peaks into extras over the saved bytes alive in each phase."""
+    keys = list(peaks)
+    times = [math.inf if key is None else key[0] for key in keys]
+    saved = alive_bytes(storages, times, checkpointed=())
+    return tuple(
+        BackwardPhase(time, None if key is None else key[1], int(peaks[key] - alive))
+        for key, time, alive in zip(keys, times, saved, strict=True)
+    )
