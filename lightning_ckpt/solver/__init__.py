@@ -1,0 +1,13 @@
+"""Exact 0/1 knapsack solver in O(W) memory (imports neither torch nor lightning).
+
+Example:
+    >>> from lightning_ckpt.solver import solve_knapsack
+    >>> solve_knapsack([3, 4, 5], [4.0, 5.0, 6.0], 8).chosen
+    (0, 2)
+"""
+
+from lightning_ckpt.solver.api import KnapsackResult, last_solve_stats, solve_knapsack
+from lightning_ckpt.solver.profile import KERNEL
+from lightning_ckpt.solver.quantize import quantize
+
+__all__ = ["KERNEL", "KnapsackResult", "last_solve_stats", "quantize", "solve_knapsack"]

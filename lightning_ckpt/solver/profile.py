@@ -1,0 +1,120 @@
+"""The one dynamic-programming routine: value profiles of a 0/1 knapsack.
+
+``profile(weights, values, capacity, out)`` fills ``out[c]`` (c = 0..capacity) with the best
+total value of a subset of the items whose total weight is at most ``c``. Every exact path of
+the solver is built on it: Hirschberg's halves, and the small bit-table leaves that also record
+each item's decisions so the chosen set can be read back.
+
+Two interchangeable back ends compute bit-identical results:
+
+- ``"numba"``: a fused in-place kernel (one downward pass per item, ``dp[j] = max(dp[j],
+  dp[j - w] + v)``), compiled once and cached on disk, releasing the GIL;
+- ``"numpy"``: a pure-numpy fallback, used when numba is missing or when the environment
+  variable ``LIGHTNING_CKPT_NO_NUMBA=1`` is set.
+
+``KERNEL`` names the active one. Each item's update is clipped to the capacities it can reach
+(the prefix sum of the weights so far); the unreachable tail is filled once at the end.
+
+Example:
+    >>> import numpy as np
+    >>> out = np.empty(6)
+    >>> profile(np.array([2, 3]), np.array([1.0, 2.0]), 5, out)
+    >>> out.tolist()
+    [0.0, 0.0, 1.0, 2.0, 2.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from lightning_ckpt.solver import _kernels_numpy
+
+__all__ = ["KERNEL", "profile", "solve_leaf", "best_split", "cell_updates"]
+
+
+def _load_numba_kernels():
+    if os.environ.get("LIGHTNING_CKPT_NO_NUMBA", "") not in ("", "0"):
+        return None
+    try:
+        from lightning_ckpt.solver import _kernels_numba
+    except ImportError:  # numba not installed
+        return None
+    return _kernels_numba
+
+
+_BACKEND = _load_numba_kernels() or _kernels_numpy
+KERNEL: str = "numba" if _BACKEND is not _kernels_numpy else "numpy"
+
+
+def _as_items(weights: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.ascontiguousarray(weights, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64)
+
+
+def profile(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray) -> None:
+    """Fill ``out[:capacity + 1]`` with the knapsack value profile of the items.
+
+    Args:
+        weights: Item weights (integers >= 0).
+        values: Item values (floats >= 0), same length.
+        capacity: Largest capacity of the profile.
+        out: A float64 array with at least ``capacity + 1`` entries, overwritten.
+
+    Example:
+        >>> out = np.empty(4)
+        >>> profile(np.array([1, 1, 1]), np.array([1.0, 1.0, 1.0]), 1, out)
+        >>> out[:2].tolist()
+        [0.0, 1.0]
+    """
+    weights, values = _as_items(weights, values)
+    _BACKEND.profile(weights, values, int(capacity), out)
+
+
+def solve_leaf(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray) -> np.ndarray:
+    """Solve a small segment exactly, keeping one decision bit per item and capacity.
+
+    Uses ``out[:capacity + 1]`` as the profile and ``len(weights) * (capacity + 1)`` bits of
+    decision table, then backtracks from ``capacity``.
+
+    Args:
+        weights: Item weights (integers >= 0).
+        values: Item values (floats >= 0).
+        capacity: The segment's capacity.
+        out: Scratch float64 array with at least ``capacity + 1`` entries.
+
+    Returns:
+        A boolean mask of the chosen items (total weight <= ``capacity``).
+
+    Example:
+        >>> solve_leaf(np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5]), 5, np.empty(6)).tolist()
+        [True, True, False]
+    """
+    weights, values = _as_items(weights, values)
+    keep_bits = np.zeros((len(weights), (int(capacity) >> 3) + 1), dtype=np.uint8)
+    _BACKEND.fill_leaf(weights, values, int(capacity), out, keep_bits)
+    chosen = np.zeros(len(weights), dtype=np.bool_)
+    _BACKEND.backtrack(weights, int(capacity), keep_bits, chosen)
+    return chosen
+
+
+def best_split(left: np.ndarray, right: np.ndarray, capacity: int) -> int:
+    """Return the first ``c`` maximizing ``left[c] + right[capacity - c]``.
+
+    Example:
+        >>> best_split(np.array([0.0, 5.0, 5.0]), np.array([0.0, 1.0, 4.0]), 2)
+        1
+    """
+    return int(_BACKEND.best_split(left, right, int(capacity)))
+
+
+def cell_updates(weights: np.ndarray, capacity: int) -> int:
+    """Number of DP cells one profile pass updates, with the prefix-sum clipping.
+
+    Example:
+        >>> cell_updates(np.array([2, 3]), 10)  # item 1: c = 2..2, item 2: c = 3..5
+        4
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    reach = np.minimum(np.cumsum(weights), capacity)
+    return int(np.maximum(reach - weights + 1, 0).sum())

@@ -1,0 +1,215 @@
+"""Exact reductions: shrink a knapsack instance before any dynamic programming.
+
+Each step is provably exact: the optimum of the reduced instance plus the items fixed in equals
+the optimum of the original. ``reduce_instance`` chains them and returns a ``Core`` whose
+``expand`` maps a solution of the core back to original item indices.
+
+Steps: take zero-weight items; drop items heavier than the capacity and zero-value items; take
+everything when everything fits; fix items by the LP (Dantzig) bound against a greedy lower
+bound (Dembo-Hammer); merge repeated identical items into binary bundles (1, 2, 4, ...); divide
+weights and capacity (floor) by the weights' common divisor.
+
+Example:
+    >>> core = reduce_instance(np.array([0, 5, 2, 2]), np.array([1.0, 9.0, 1.0, 0.0]), 4)
+    >>> core.taken.tolist(), core.weights.tolist(), core.capacity
+    ([0, 2], [], 0)
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Core", "reduce_instance", "lp_fix", "merge_identical"]
+
+# Only fix an item when its bound is below the lower bound by this relative margin: float64
+# sums of a few thousand values are off by far less, so fixing stays exact.
+_LP_MARGIN_RELATIVE = 1e-9
+
+
+@dataclass(frozen=True)
+class Core:
+    """The reduced instance and how to map its solution back.
+
+    Attributes:
+        taken: Original indices fixed in the solution.
+        weights: Core item weights (int64, divided by the common divisor).
+        values: Core item values (float64).
+        capacity: Core capacity (same units as ``weights``).
+        group: For each core item, the group of identical original items it bundles.
+        copies: For each core item, how many copies of its group it stands for.
+        members: Original indices, grouped: group ``g`` is ``members[starts[g]:starts[g + 1]]``.
+        starts: Group boundaries in ``members``.
+    """
+
+    taken: np.ndarray
+    weights: np.ndarray
+    values: np.ndarray
+    capacity: int
+    group: np.ndarray
+    copies: np.ndarray
+    members: np.ndarray
+    starts: np.ndarray
+
+    def expand(self, chosen: np.ndarray) -> np.ndarray:
+        """Sorted original indices of ``taken`` plus the core items in the mask ``chosen``.
+
+        Identical items are kept lowest index first.
+        """
+        counts = np.bincount(self.group[chosen], weights=self.copies[chosen], minlength=len(self.starts) - 1)
+        picked = [
+            self.members[start : start + int(k)]
+            for start, k in zip(self.starts[:-1], counts, strict=True)
+            if k
+        ]
+        return np.sort(np.concatenate([self.taken, *picked]).astype(np.int64))
+
+
+def int_total(weights: np.ndarray) -> int:
+    """Exact total of integer weights (Python ints: no int64 overflow)."""
+    return sum(weights.tolist())
+
+
+def _trivial(weights, values, index, capacity):
+    """Take zero-weight items, drop useless ones; take all if all fit. Returns taken, kept."""
+    w, v = weights[index], values[index]
+    free = w == 0
+    useful = ~free & (v > 0) & (w <= capacity)
+    taken, kept = index[free], index[useful]
+    if int_total(w[useful]) <= capacity:
+        return np.concatenate([taken, kept]), kept[:0]
+    return taken, kept
+
+
+def _greedy_lower_bound(weights: np.ndarray, values: np.ndarray, capacity: int) -> float:
+    """Value of the ratio-greedy solution (items assumed sorted by ratio, best first)."""
+    room, total = capacity, 0.0
+    for w, v in zip(weights.tolist(), values.tolist(), strict=True):
+        if w <= room:
+            room -= w
+            total += v
+    best_single = float(values[weights <= capacity].max(initial=0.0))
+    return max(total, best_single)
+
+
+def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fix items by the Dantzig bound (Dembo-Hammer); all weights in (0, capacity], values > 0.
+
+    With ``r`` the ratio of the break item, any solution has value at most
+    ``z_lp - |v_j - r * w_j|`` when it flips item ``j`` from its LP value. Items whose bound is
+    below the greedy lower bound (by a safe margin) keep their LP value in every optimum.
+
+    Returns:
+        Boolean masks ``(fixed_in, fixed_out)``.
+
+    Example:
+        >>> fixed_in, fixed_out = lp_fix(np.array([4, 4, 4]), np.array([8.0, 4.1, 1.0]), 6)
+        >>> fixed_in.tolist(), fixed_out.tolist()
+        ([True, False, False], [False, False, True])
+    """
+    order = np.lexsort((np.arange(len(weights)), -(values / weights)))
+    w, v = weights[order], values[order]
+    prefix = np.cumsum(w)
+    brk = int(np.searchsorted(prefix, capacity, side="right"))
+    no_fix = np.zeros(len(weights), dtype=np.bool_)
+    if brk >= len(w):
+        return ~no_fix, no_fix
+    ratio = v[brk] / w[brk]
+    used = int(prefix[brk - 1]) if brk else 0
+    z_lp = float(v[:brk].sum()) + ratio * (capacity - used)
+    lower = _greedy_lower_bound(w, v, capacity)
+    margin = _LP_MARGIN_RELATIVE * max(z_lp, 1e-300)
+    bound = z_lp - np.abs(v - ratio * w)
+    fixable = bound < lower - margin
+    positions = np.arange(len(w))
+    fixed_in, fixed_out = no_fix.copy(), no_fix.copy()
+    fixed_in[order] = fixable & (positions < brk)
+    fixed_out[order] = fixable & (positions > brk)
+    return fixed_in, fixed_out
+
+
+def merge_identical(weights: np.ndarray, values: np.ndarray, index: np.ndarray) -> dict[str, np.ndarray]:
+    """Group identical (weight, value) items and split each group into binary bundles.
+
+    A group of ``m`` copies becomes bundles of 1, 2, 4, ... copies plus a remainder: every count
+    0..m is a sum of some bundles. Output items are sorted by weight (for tighter clipping).
+    """
+    order = np.lexsort((index, values, weights))
+    w, v, idx = weights[order], values[order], index[order]
+    new_group = np.ones(len(w), dtype=np.bool_)
+    new_group[1:] = (w[1:] != w[:-1]) | (v[1:] != v[:-1])
+    starts = np.append(np.flatnonzero(new_group), len(w))
+    sizes = np.diff(starts)
+    copies = [_bundle_sizes(int(m)) for m in sizes]
+    group = np.repeat(np.arange(len(sizes)), [len(c) for c in copies])
+    copies_flat = np.fromiter(itertools.chain.from_iterable(copies), dtype=np.int64, count=len(group))
+    first = starts[:-1][group]
+    return {
+        "weights": w[first] * copies_flat,
+        "values": v[first] * copies_flat,
+        "group": group,
+        "copies": copies_flat,
+        "members": idx,
+        "starts": starts,
+    }
+
+
+def _bundle_sizes(count: int) -> list[int]:
+    """1, 2, 4, ... and a remainder, summing to ``count``: e.g. 10 -> [1, 2, 4, 3]."""
+    sizes, size = [], 1
+    while count > 0:
+        sizes.append(min(size, count))
+        count -= size
+        size *= 2
+    return sizes
+
+
+def reduce_instance(weights: np.ndarray, values: np.ndarray, capacity: int, *, use_lp: bool = True) -> Core:
+    """Apply every exact reduction; ``use_lp=False`` keeps only the trivial ones and gcd.
+
+    Args:
+        weights: Validated int64 weights.
+        values: Validated float64 values.
+        capacity: Validated capacity.
+        use_lp: Also fix items by the LP bound and merge identical items.
+    """
+    index = np.arange(len(weights))
+    taken, kept = _trivial(weights, values, index, capacity)
+    if len(kept) and use_lp:
+        fixed_in, fixed_out = lp_fix(weights[kept], values[kept], capacity)
+        capacity -= int_total(weights[kept[fixed_in]])
+        taken = np.concatenate([taken, kept[fixed_in]])
+        more, kept = _trivial(weights, values, kept[~fixed_in & ~fixed_out], capacity)
+        taken = np.concatenate([taken, more])
+    if not len(kept):
+        capacity = 0
+    parts = (
+        merge_identical(weights[kept], values[kept], kept) if use_lp else _singletons(weights, values, kept)
+    )
+    divisor = int(np.gcd.reduce(parts["weights"])) if len(kept) else 1
+    return Core(
+        taken=np.sort(taken),
+        weights=parts["weights"] // divisor,
+        values=parts["values"],
+        capacity=min(capacity // divisor, int_total(parts["weights"]) // divisor),
+        group=parts["group"],
+        copies=parts["copies"],
+        members=parts["members"],
+        starts=parts["starts"],
+    )
+
+
+def _singletons(weights: np.ndarray, values: np.ndarray, index: np.ndarray) -> dict[str, np.ndarray]:
+    """Core items one per original item, sorted by weight (tighter prefix clipping)."""
+    order = np.lexsort((index, weights[index]))
+    idx = index[order]
+    return {
+        "weights": weights[idx],
+        "values": values[idx],
+        "group": np.arange(len(idx)),
+        "copies": np.ones(len(idx), dtype=np.int64),
+        "members": idx,
+        "starts": np.arange(len(idx) + 1),
+    }

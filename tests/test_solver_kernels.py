@@ -1,0 +1,102 @@
+"""The DP kernels (numba vs numpy twins) and the exact reductions, each against an oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lightning_ckpt.solver import _kernels_numpy, reduce
+from lightning_ckpt.solver.instances import FAMILIES, make_instance
+from lightning_ckpt.solver.profile import cell_updates
+
+numba_kernels = pytest.importorskip("lightning_ckpt.solver._kernels_numba")
+
+
+def brute_force_profile(weights, values, capacity):
+    n = len(weights)
+    masks = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1).astype(bool)
+    total_w, total_v = masks @ weights, masks @ values
+    return np.array([total_v[total_w <= c].max() for c in range(capacity + 1)])
+
+
+def random_items(rng, n_max=8, weight_max=20):
+    n = int(rng.integers(1, n_max + 1))
+    return rng.integers(0, weight_max, n).astype(np.int64), rng.uniform(0, 5, n), int(rng.integers(0, 50))
+
+
+def test_profile_kernels_are_identical_and_optimal():
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        weights, values, capacity = random_items(rng)
+        outs = [np.full(capacity + 1, -1.0) for _ in range(2)]
+        numba_kernels.profile(weights, values, capacity, outs[0])
+        _kernels_numpy.profile(weights, values, capacity, outs[1])
+        np.testing.assert_array_equal(outs[0], outs[1])
+        np.testing.assert_allclose(outs[0], brute_force_profile(weights, values, capacity), rtol=1e-12)
+
+
+def test_leaf_kernels_record_identical_bits_and_optimal_sets():
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        weights, values, capacity = random_items(rng)
+        bits = [np.zeros((len(weights), capacity // 8 + 1), dtype=np.uint8) for _ in range(2)]
+        for kernels, table in zip((numba_kernels, _kernels_numpy), bits, strict=True):
+            kernels.fill_leaf(weights, values, capacity, np.empty(capacity + 1), table)
+        np.testing.assert_array_equal(bits[0], bits[1])
+        chosen = np.zeros(len(weights), dtype=np.bool_)
+        numba_kernels.backtrack(weights, capacity, bits[0], chosen)
+        assert weights[chosen].sum() <= capacity
+        assert values[chosen].sum() == pytest.approx(brute_force_profile(weights, values, capacity)[-1])
+
+
+def test_best_split_kernels_pick_the_first_maximum():
+    left, right = np.array([0.0, 2.0, 2.0, 3.0]), np.array([0.0, 1.0, 1.0, 1.0])
+    for kernels in (numba_kernels, _kernels_numpy):
+        assert kernels.best_split(left, right, 3) == 1  # c=1: 2+1, c=2: 2+1, c=3: 3+0
+
+
+def test_cell_updates_counts_clipped_cells():
+    assert cell_updates(np.array([4, 4, 4]), 10) == 1 + 5 + 7  # reaches 4, 8, 10
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lp_fixing_keeps_every_optimum(family):
+    """An item fixed in (out) must be in (out of) every optimal set: flipping it loses value."""
+    rng = np.random.default_rng(FAMILIES.index(family))
+    fixed_count = 0
+    for seed in range(300):
+        n, capacity = int(rng.integers(2, 11)), int(rng.integers(5, 80))
+        weights, values, _ = make_instance(family, n, capacity, seed=seed)
+        keep = weights <= capacity
+        weights, values = weights[keep], values[keep]
+        if not len(weights) or weights.sum() <= capacity:
+            continue
+        fixed_in, fixed_out = reduce.lp_fix(weights, values, capacity)
+        masks = ((np.arange(2 ** len(weights))[:, None] >> np.arange(len(weights))) & 1).astype(bool)
+        feasible = masks[masks @ weights <= capacity]
+        optimum = (feasible @ values).max()
+        for j in np.flatnonzero(fixed_in | fixed_out):
+            flipped = feasible[:, j] != fixed_in[j]
+            assert not flipped.any() or (feasible[flipped] @ values).max() < optimum
+        fixed_count += int((fixed_in | fixed_out).sum())
+    assert fixed_count > 0  # the reduction actually fires on these families
+
+
+def test_merge_identical_bundles_represent_every_count():
+    weights, values = np.array([3, 3, 3, 3, 3, 5]), np.array([1.0] * 5 + [2.0])
+    parts = reduce.merge_identical(weights, values, np.arange(6))
+    assert parts["copies"].tolist() == [1, 2, 2, 1]  # 5 copies -> 1 + 2 + 2, then the single item
+    assert parts["weights"].tolist() == [3, 6, 6, 5]
+
+
+def test_reduce_instance_divides_by_gcd_and_maps_back_lowest_indices():
+    weights, values = np.array([4, 4, 4, 8, 6]), np.array([1.0, 1.0, 1.0, 1.5, 0.1])
+    core = reduce.reduce_instance(weights, values, 9, use_lp=False)
+    assert core.capacity == 4 and core.weights.tolist() == [2, 2, 2, 3, 4]  # gcd 2, capacity 9 // 2
+    mask = np.array([True, True, False, False, False])
+    assert core.expand(mask).tolist() == [0, 1]
+    merged = reduce.reduce_instance(np.array([4, 4, 4, 2]), np.array([1.0, 1.0, 1.0, 0.2]), 9)
+    counts = {
+        tuple(core_item) for core_item in zip(merged.weights.tolist(), merged.copies.tolist(), strict=True)
+    }
+    assert all(copies in (1, 2) for _, copies in counts)

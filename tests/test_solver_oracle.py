@@ -1,0 +1,83 @@
+"""Exact methods against a brute-force oracle, against each other, and across workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lightning_ckpt.solver import api, hirschberg, last_solve_stats, parallel, solve_knapsack
+from lightning_ckpt.solver.instances import FAMILIES, make_instance
+
+EXACT = ("auto", "hirschberg", "dp")
+
+
+def brute_force_value(weights: np.ndarray, values: np.ndarray, capacity: int) -> float:
+    n = len(weights)
+    masks = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1).astype(bool)
+    feasible = masks @ weights <= capacity
+    return float((masks @ values)[feasible].max())
+
+
+def random_small_instances(family: str, count: int, seed: int):
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        n = int(rng.integers(0, 11))
+        capacity = int(rng.integers(0, 80))
+        weights, values, _ = make_instance(family, n, capacity, seed=seed * 10_000 + i, noise=0.01 * (i % 2))
+        if i % 5 == 0 and n:  # sprinkle zero weights and zero values
+            weights[rng.integers(0, n)] = 0
+            values[rng.integers(0, n)] = 0.0
+        yield weights, values, capacity
+
+
+def assert_optimal(result, weights, values, capacity, optimum):
+    assert result.weight <= capacity
+    assert result.weight == int(weights[list(result.chosen)].sum())
+    assert sorted(result.chosen + result.rejected) == list(range(len(weights)))
+    assert result.value == pytest.approx(optimum, rel=1e-9, abs=1e-12)
+
+
+@pytest.fixture(params=["leaves", "forced splits"])
+def split_mode(request, monkeypatch):
+    """Run once with the default leaf rule and once with one-item leaves (deep Hirschberg)."""
+    if request.param == "forced splits":
+        monkeypatch.setattr(hirschberg, "LEAF_MIN_BITS", 0)
+        monkeypatch.setattr(hirschberg, "LEAF_MAX_ITEMS", 1)
+    return request.param
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exact_methods_match_brute_force(family, split_mode):
+    for weights, values, capacity in random_small_instances(family, 400, seed=FAMILIES.index(family)):
+        optimum = brute_force_value(weights, values, capacity)
+        for method in EXACT:
+            assert_optimal(
+                solve_knapsack(weights, values, capacity, method=method), weights, values, capacity, optimum
+            )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n_items, capacity", [(40, 3_000), (120, 20_000)])
+def test_exact_methods_agree_on_medium_instances(family, n_items, capacity, split_mode):
+    weights, values, capacity = make_instance(family, n_items, capacity, seed=n_items)
+    results = {m: solve_knapsack(weights, values, capacity, method=m) for m in (*EXACT, "ilp")}
+    reference = results["dp"].value
+    for method, result in results.items():
+        assert result.weight <= capacity, method
+        assert result.value == pytest.approx(reference, rel=1e-9), method
+    greedy = solve_knapsack(weights, values, capacity, method="greedy")
+    assert greedy.weight <= capacity and greedy.value <= reference * (1 + 1e-12)
+
+
+def test_workers_two_equals_workers_one(monkeypatch):
+    monkeypatch.setattr(api, "PARALLEL_MIN_TOTAL_CELLS", 0)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_CELLS", 0)
+    monkeypatch.setattr(hirschberg, "LEAF_MIN_BITS", 0)
+    monkeypatch.setattr(hirschberg, "LEAF_MAX_ITEMS", 4)
+    for family in FAMILIES:
+        weights, values, capacity = make_instance(family, 60, 5_000, seed=7)
+        for method in ("auto", "hirschberg"):
+            single = solve_knapsack(weights, values, capacity, method=method, workers=1)
+            double = solve_knapsack(weights, values, capacity, method=method, workers=2)
+            assert last_solve_stats()["workers_used"] == 2 or last_solve_stats()["core_items"] == 0
+            assert double == single
