@@ -40,9 +40,9 @@ class Recorder:
         self.modules = modules
         self.excluded = excluded  # storage keys of parameters and buffers
         self.flop_counter = flop_counter
-        self.tracker = LiveStorageTracker()
+        self.tracker = LiveStorageTracker(cast_sources=frozenset(excluded))
         self.seq = 0
-        self.stack: list[tuple[str, int]] = []  # (candidate, flops at entry)
+        self.stack: list[tuple[str, int, bool]] = []  # (candidate, flops at entry, autocast on)
         self.rows: list[StorageRow] = []
         self.flops: dict[str, int] = dict.fromkeys(modules, 0)
         self._live_rows: dict[int, StorageRow] = {}
@@ -70,7 +70,9 @@ class Recorder:
                 row = self._row(tensor)
                 if row is not None:
                     row.inputs.append((name, seq))
-            self.stack.append((name, self.flop_counter.get_total_flops()))
+            self.stack.append(
+                (name, self.flop_counter.get_total_flops(), torch._C._is_any_autocast_enabled())
+            )
 
         return hook
 
@@ -78,7 +80,7 @@ class Recorder:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             self._next()
             while self.stack:  # always_call: also runs when the forward raised
-                popped, flops_at_entry = self.stack.pop()
+                popped, flops_at_entry, _ = self.stack.pop()
                 if popped == name:
                     self.flops[name] += self.flop_counter.get_total_flops() - flops_at_entry
                     break
@@ -87,7 +89,10 @@ class Recorder:
 
     def _pack(self, tensor: torch.Tensor) -> tuple[int, str | None, torch.Tensor]:
         seq = self._next()
-        owner = self.stack[-1][0] if self.stack else None
+        owner, _, autocast = self.stack[-1] if self.stack else (None, 0, False)
+        storage = storage_of(tensor)
+        if autocast and storage is not None and storage_key(storage) in self.tracker.casts:
+            owner = None  # autocast caches parameter casts to the end of the forward, checkpointed or not
         row = self._row(tensor)
         if row is not None:
             row.saves.append((owner, seq))

@@ -53,7 +53,8 @@ class LiveStorageTracker(TorchDispatchMode):
 
     Storages that existed before (an op's output aliasing one of its inputs, views, in-place ops) are not
     counted. ``phase`` may be set from outside; ``phase_peak_bytes[phase]`` is the highest live count seen
-    while that phase was current.
+    while that phase was current. Storages made by casting one of ``cast_sources`` (``aten._to_copy``, as
+    autocast does to parameters) are listed in ``casts`` while they live.
 
     Example:
         >>> with LiveStorageTracker() as tracker:
@@ -65,8 +66,10 @@ class LiveStorageTracker(TorchDispatchMode):
         (2048, 1024)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cast_sources: frozenset[int] = frozenset()) -> None:
         super().__init__()
+        self.cast_sources = cast_sources
+        self.casts: set[int] = set()
         self.live_bytes = 0
         self.peak_bytes = 0
         self.phase: Hashable = None
@@ -80,7 +83,13 @@ class LiveStorageTracker(TorchDispatchMode):
         for storage in map(storage_of, tree_leaves(out)):
             if storage is not None and storage_key(storage) not in inputs:
                 self._track(storage)
+                if func is torch.ops.aten._to_copy.default and self._casts_a_source(args):
+                    self.casts.add(storage_key(storage))
         return out
+
+    def _casts_a_source(self, args: tuple) -> bool:
+        source = storage_of(args[0]) if args else None
+        return source is not None and storage_key(source) in self.cast_sources
 
     def _track(self, storage: torch.UntypedStorage) -> None:
         key, nbytes = storage_key(storage), storage.nbytes()
@@ -97,3 +106,4 @@ class LiveStorageTracker(TorchDispatchMode):
     def _release(self, key: int) -> None:
         with self._lock:
             self.live_bytes -= self._tracked.pop(key, 0)
+            self.casts.discard(key)

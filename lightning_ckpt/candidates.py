@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from lightning_ckpt._modules import example_names, stripped_modules
+from lightning_ckpt._modules import example_names, strip_wrapper_prefixes, stripped_modules
 
 __all__ = ["find_candidates"]
 
@@ -90,10 +90,11 @@ def _repeated_blocks(model: nn.Module, modules: dict[str, nn.Module]) -> list[st
 def _match_targets(model: nn.Module, modules: dict[str, nn.Module], targets: list[str]) -> list[str]:
     matched: list[str] = []
     for target in targets:
+        pattern = strip_wrapper_prefixes(target)
         hits = [
             name
             for name, module in modules.items()
-            if name and (type(module).__name__ == target or fnmatch.fnmatchcase(name, target))
+            if name and (type(module).__name__ == target or fnmatch.fnmatchcase(name, pattern))
         ]
         if not hits:
             raise ValueError(

@@ -1,0 +1,86 @@
+"""Candidate discovery: repeated blocks, class and glob targets, overlaps, unsafe modules, bad targets."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+from lightning_ckpt.candidates import find_candidates
+from tests.tiny_gpt import GPT, GPTConfig
+
+BLOCKS = [f"transformer.h.{i}" for i in range(3)]
+
+
+@pytest.fixture
+def model() -> GPT:
+    return GPT(GPTConfig(n_layer=3, block_size=16))
+
+
+def test_default_is_the_largest_list_of_repeated_modules(model):
+    model.extra = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])  # smaller
+    model.mixed = nn.ModuleList([nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2), nn.ReLU()])  # not repeated
+    assert find_candidates(model) == BLOCKS
+
+
+@pytest.mark.parametrize(
+    ("targets", "expected"),
+    [
+        (["Block"], BLOCKS),
+        ("Block", BLOCKS),
+        (["transformer.h.*.mlp"], [f"{b}.mlp" for b in BLOCKS]),
+        (["MLP", "transformer.h.?.attn"], [f"{b}.{part}" for b in BLOCKS for part in ("attn", "mlp")]),
+        (["lm_head", "transformer.h.1"], ["transformer.h.1", "lm_head"]),
+    ],
+)
+def test_targets_by_class_name_or_glob(model, targets, expected):
+    assert find_candidates(model, targets) == expected
+
+
+def test_overlapping_targets_keep_the_outermost_and_log_it(model, caplog):
+    with caplog.at_level(logging.INFO, logger="lightning_ckpt.candidates"):
+        assert find_candidates(model, ["transformer.h.*.mlp", "Block", "Linear"]) == [*BLOCKS, "lm_head"]
+    assert "'transformer.h.0.mlp' dropped: its ancestor 'transformer.h.0'" in caplog.text
+
+
+def test_target_matching_nothing_lists_existing_names(model):
+    with pytest.raises(ValueError, match=r"`targets` entry 'Decoder' matches no module.*transformer\.h\.\d"):
+        find_candidates(model, ["Block", "Decoder"])
+
+
+def test_bad_targets_type(model):
+    with pytest.raises(TypeError, match="`targets` must be class names or name globs"):
+        find_candidates(model, ["Block", 3])
+
+
+def test_no_repeated_list_asks_for_targets():
+    with pytest.raises(ValueError, match="has none; pass `targets`.*0 \\(Linear\\)"):
+        find_candidates(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+
+
+def _conv_blocks() -> nn.Module:
+    def block(norm: nn.Module) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 3, 1), norm)
+
+    return nn.ModuleList([block(nn.BatchNorm2d(3)), block(nn.GroupNorm(1, 3)), block(nn.BatchNorm2d(3))])
+
+
+def test_running_stats_modules_are_excluded_with_a_reason_unless_allowed(caplog):
+    model = _conv_blocks()
+    with caplog.at_level(logging.INFO, logger="lightning_ckpt.candidates"):
+        assert find_candidates(model) == ["1"]
+    assert "candidate '0' excluded: BatchNorm2d at '0.1' updates running statistics" in caplog.text
+    assert find_candidates(model, allow_unsafe=True) == ["0", "1", "2"]
+    model[0][1].track_running_stats = False
+    assert find_candidates(model) == ["0", "1"]
+
+
+def test_names_are_stripped_of_wrapper_prefixes(model):
+    compiled = torch.compile(model)
+    assert find_candidates(compiled) == BLOCKS
+    assert find_candidates(compiled, ["_orig_mod.transformer.h.0", "*.h.2"]) == [
+        "transformer.h.0",
+        "transformer.h.2",
+    ]
