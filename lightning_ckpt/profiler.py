@@ -196,9 +196,12 @@ def _time_forwards(modules: dict[str, nn.Module], step_fn: Callable[[], Any]) ->
     handles = []
     try:
         for name, module in modules.items():
-            handles.append(
-                module.register_forward_pre_hook(lambda *_, n=name: timers[n].append(_Timer.start()))
-            )
+            cuda = any(t.is_cuda for t in (*module.parameters(), *module.buffers()))
+
+            def start(*_: Any, n: str = name, on_cuda: bool = cuda) -> None:
+                timers[n].append(_Timer.start(on_cuda))
+
+            handles.append(module.register_forward_pre_hook(start))
             handles.append(
                 module.register_forward_hook(lambda *_, n=name: timers[n][-1].stop(), always_call=True)
             )
@@ -211,16 +214,16 @@ def _time_forwards(modules: dict[str, nn.Module], step_fn: Callable[[], Any]) ->
 
 
 class _Timer:
-    """Wall time on CPU; CUDA events (read after a synchronize) when CUDA is in use."""
+    """Wall time on CPU; CUDA events (read after a synchronize) for modules on CUDA."""
 
-    def __init__(self) -> None:
-        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
         self.begin: Any = None
         self.end: Any = None
 
     @classmethod
-    def start(cls) -> _Timer:
-        timer = cls()
+    def start(cls, cuda: bool) -> _Timer:
+        timer = cls(cuda)
         timer.begin = timer._now()
         return timer
 
