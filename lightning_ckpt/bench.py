@@ -2,7 +2,7 @@
 
 Every method runs in its own persistent child process (one per method, started once, warmed up on a tiny
 instance so imports and JIT compilation are not timed), called the same way: the child times only the
-solver call with ``time.perf_counter`` and repeats short calls (best of up to 7, within 0.5 s).
+solver call with ``time.perf_counter`` and repeats short calls (best of up to 5, within 0.25 s).
 
 Peak memory is the growth over the pre-call baseline of the child's exact resident high-water mark
 (``VmHWM``, reset before each call through ``/proc/self/clear_refs``), and, when the child has processes
@@ -40,15 +40,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from lightning_ckpt.instances import FAMILIES, KnapsackInstance, make_instance
+from lightning_ckpt.solver import instances as solver_instances
 
 SCALE = 10_000  # torch's knapsack functions multiply float weights by this and round
 TORCH_REFERENCE = "torch-sliding"
 DEFAULT_N = (100, 500, 1000, 2000)
 DEFAULT_W = (10**5, 10**6, 10**7)
 PAPER_W = (140_000_000, 380_000_000)
-REPEAT_BUDGET_S = 0.5
-MAX_REPEATS = 7
+REPEAT_BUDGET_S = 0.25
+MAX_REPEATS = 5
 BYTES_PER_MB = 1e6
 
 
@@ -70,7 +70,7 @@ METHODS = {
         _Method("hirschberg", "solver", True, True, 0, 1e-9),
         _Method("hirschberg-w2", "solver", True, True, 0, 1e-9),
         _Method("auto", "solver", True, True, 0, 1e-9),
-        _Method("dp", "solver", True, True, 1, 1e-9),
+        _Method("dp", "solver", True, True, 8, 1e-9),
         _Method("torch-dp", "torch", True, True, 4, 2e-9),
         _Method("torch-sliding", "torch", True, True, 0, 2e-9),
         _Method("greedy", "solver", False, False, 0, 1e-6),
@@ -85,6 +85,43 @@ _OUR_CALLS = {
     "greedy": ("greedy", 1),
     "ilp": ("ilp", 1),
 }
+
+
+FAMILIES = solver_instances.FAMILIES
+
+
+@dataclass(frozen=True, eq=False)
+class KnapsackInstance:
+    """One seeded instance: integer ``weights``, float ``values`` and the ``capacity`` W."""
+
+    family: str
+    n: int
+    capacity: int
+    seed: int
+    weights: np.ndarray
+    values: np.ndarray
+
+    @property
+    def cells(self) -> int:
+        """Cells of the dense DP, ``n * W``: the work unit of Gcell/s."""
+        return self.n * self.capacity
+
+
+def make_instance(family: str, n: int, capacity: int, seed: int = 0) -> KnapsackInstance:
+    """The instance of ``family`` from the solver's generators (``lightning_ckpt.solver.instances``).
+
+    Example:
+        >>> instance = make_instance("B", 4, 100, seed=1)
+        >>> instance.weights.dtype, instance.cells
+        (dtype('int64'), 400)
+    """
+    weights, values, _ = solver_instances.make_instance(family, n_items=n, capacity=capacity, seed=seed)
+    return KnapsackInstance(
+        family, n, capacity, seed, np.asarray(weights, np.int64), np.asarray(values, float)
+    )
+
+
+_WARM_UP_LARGE = {"hirschberg-w2": (200, 400_000)}  # n, W: big enough for the solver's workers
 
 
 @dataclass
@@ -171,8 +208,8 @@ def _timed_calls(call: Callable[[], Sequence], repeat_budget_s: float, max_repea
     """Best time of repeated calls (until ``repeat_budget_s`` is spent) and their largest RSS growth."""
     times_s: list[float] = []
     peaks_bytes: list[int | None] = []
+    gc.collect()
     while True:
-        gc.collect()
         can_reset = _reset_peak_rss()
         baseline_kb = _status_kb(os.getpid(), "VmRSS")
         start = time.perf_counter()
@@ -309,9 +346,11 @@ class _Runner:
             pass
         self.process.wait()
 
-    def close(self) -> None:
-        if self.alive():
+    def close(self, wait: bool = True) -> None:
+        """Ask the runner to exit (end of its input); with ``wait``, kill it if it has not within 10 s."""
+        if self.alive() and not self.process.stdin.closed:
             self.process.stdin.close()
+        if wait:
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -413,9 +452,13 @@ class _Bench:
             start = time.perf_counter()
             runner.call(make_instance("A", 20, 1000), self.kill_after_s, repeat=False)
             self.first_call_s.setdefault(method, time.perf_counter() - start)
+            if method in _WARM_UP_LARGE:  # start its worker processes too: a one-time cost, like the JIT
+                runner.call(make_instance("A", *_WARM_UP_LARGE[method]), self.kill_after_s, repeat=False)
         return runner
 
     def close(self) -> None:
+        for runner in self.runners.values():  # all at once: their interpreters shut down in parallel
+            runner.close(wait=False)
         for runner in self.runners.values():
             runner.close()
 

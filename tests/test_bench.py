@@ -11,8 +11,18 @@ import numpy as np
 import pytest
 
 from lightning_ckpt import bench
-from lightning_ckpt.bench import BenchOptions, BenchRow, Target, format_table, main, run_grid, run_jobs
-from lightning_ckpt.instances import FAMILIES, KnapsackInstance, make_instance
+from lightning_ckpt.bench import (
+    FAMILIES,
+    BenchOptions,
+    BenchRow,
+    KnapsackInstance,
+    Target,
+    format_table,
+    main,
+    make_instance,
+    run_grid,
+    run_jobs,
+)
 
 QUIET = BenchOptions(max_seconds=60.0, progress=False)
 
@@ -47,28 +57,19 @@ def test_family_b_is_strongly_correlated() -> None:
 
 
 def test_family_c_repeats_ten_item_types_per_layer() -> None:
-    capacity = 100_000
-    instance = make_instance("C", 95, capacity, seed=2)
+    n, capacity = 95, 100_000
+    instance = make_instance("C", n, capacity, seed=2)
     weights, values = instance.weights, instance.values
-    assert len(weights) == 95 and len(set(weights[:10].tolist())) > 1
+    assert len(weights) == n and len(set(weights[:10].tolist())) > 1
+    assert weights.min() >= 1 and weights.max() <= 4 * capacity // n
     assert np.array_equal(weights[10:], weights[:-10])  # identical layers keep identical activations
-    assert np.abs(values[10:] / values[:-10] - 1).max() < 0.1  # recompute times: small noise only
+    assert np.abs(values[10:] / values[:-10] - 1).max() < 0.03  # recompute times: 1% noise only
     assert not np.array_equal(values[10:], values[:-10])
-    assert weights[:10].sum() * 10 == pytest.approx(2 * capacity, rel=0.01)  # ten layers weigh 2W
 
 
-@pytest.mark.parametrize(
-    ("arguments", "message"),
-    [
-        (("D", 10, 100, 0), r"`family` must be one of A, B, C, got 'D'"),
-        (("A", 0, 100, 0), r"`n` must be an integer >= 1, got 0"),
-        (("A", 10, 2.5, 0), r"`capacity` must be an integer >= 1, got 2.5"),
-        (("A", 10, 100, -1), r"`seed` must be an integer >= 0, got -1"),
-    ],
-)
-def test_make_instance_rejects_bad_arguments(arguments: tuple, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        make_instance(*arguments)
+def test_make_instance_rejects_an_unknown_family() -> None:
+    with pytest.raises(ValueError, match=r"`family` must be one of .*'A', 'B', 'C'.*, got 'D'"):
+        make_instance("D", 10, 100)
 
 
 # --------------------------------------------------------------------------------------- the command
@@ -77,16 +78,16 @@ def test_make_instance_rejects_bad_arguments(arguments: tuple, message: str) -> 
 def test_main_runs_every_method_and_writes_plot_and_json(tmp_path, capsys) -> None:
     plot, data = tmp_path / "bench.png", tmp_path / "bench.json"
     methods = list(bench.METHODS)
-    argv = ["--families", "A", "C", "--n", "12", "--W", "60", "--methods", *methods]
+    argv = ["--families", "C", "--n", "12", "--W", "60", "--methods", *methods]
     code = main([*argv, "--plot", str(plot), "--json", str(data), "--no-progress", "--max-seconds", "60"])
     assert code == 0
     table = capsys.readouterr().out
     lines = [line.split() for line in table.splitlines() if line and not line.startswith("#")]
     assert lines[0][:4] == ["family", "n", "W", "method"]
-    assert sorted(line[3] for line in lines[1:]) == sorted(methods * 2)
+    assert sorted(line[3] for line in lines[1:]) == sorted(methods)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = json.loads(data.read_text())["rows"]
-    assert len(rows) == 2 * len(methods) and all(row["status"] == "ok" for row in rows)
+    assert len(rows) == len(methods) and all(row["status"] == "ok" for row in rows)
     ours_exact = [r for r in rows if r["method"] in ("hirschberg", "hirschberg-w2", "auto", "dp", "ilp")]
     assert all(r["feasible"] and r["gap"] == 0 for r in ours_exact)
     assert all(r["weight"] <= r["capacity"] for r in rows if r["feasible"])
@@ -117,8 +118,10 @@ def test_peak_memory_counts_numpy_arrays_in_process() -> None:
 
 
 def test_process_tree_is_found_and_measured() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    code = "import sys; print('ready', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert child.stdout.readline() == b"ready\n"
         assert child.pid in bench._descendants(os.getpid())
         assert bench._pss_bytes([child.pid]) > 1e6
     finally:
