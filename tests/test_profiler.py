@@ -192,3 +192,21 @@ def test_bad_arguments():
         fake_model = GPT(model.config)
     with pytest.raises(ValueError, match='`cost` must be "flops" when the model has fake tensors'):
         profile_step(fake_model, lambda: None, BLOCKS, "time")
+
+
+def test_profiling_leaves_training_unchanged_when_the_caller_restores_rng():
+    def train(profile_first: bool) -> list[torch.Tensor]:
+        model, idx, targets = _gpt()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        torch.manual_seed(3)
+        for step in range(3):
+            if profile_first and step == 1:
+                rng = torch.get_rng_state()
+                profile_step(model, lambda: model(idx, targets), BLOCKS, "time", optimizer=optimizer)
+                torch.set_rng_state(rng)
+            model(idx, targets).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return list(model.parameters())
+
+    torch.testing.assert_close(train(True), train(False), rtol=0, atol=0)
