@@ -12,8 +12,9 @@ reads) and trains a few steps, from the same initial weights on the same batches
 
 Per policy: the measured peak bytes of one whole training step (forward, backward, optimizer step; see
 :class:`~lightning_ckpt.memory.track_peak_bytes`, measured on a step of its own because the CPU counter
-slows the step down), the median step time over the timed steps of every round (rounds run the policies
-in alternating order, in one process, so slow drifts hit all policies alike), and the final loss (the same
+slows the step down), the median step time over the timed steps of every round (in one process, hand and
+AutoCheckpoint runs interleaved, the order rotating each round, so slow drifts of a busy machine hit all
+policies alike), and the final loss (the same
 for every policy: checkpointing does not change the arithmetic). Per budget: the fastest hand policy
 whose measured peak fits, and AutoCheckpoint's time ratio against it.
 
@@ -36,7 +37,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import lightning as L
@@ -292,22 +293,39 @@ def _merge(into: PolicyResult | None, new: PolicyResult) -> PolicyResult:
 def run_sweep(
     setup: SweepSetup, budgets_gb: Sequence[float] | None, num_budgets: int, rounds: int
 ) -> list[PolicyResult]:
-    """Hand policies first (their peaks set the default budgets), then AutoCheckpoint; more rounds alternate."""
-    results: dict[str, PolicyResult] = {}
-    for policy in HAND_POLICIES:
-        results[policy] = run_policy(setup, policy)
-        log.info("sweep: %s done", policy)
+    """Every policy ``rounds`` times, hand and AutoCheckpoint runs interleaved, the order turning each round.
+
+    Without ``budgets_gb``, a short probe (one measured step per hand policy) sets the budgets first.
+    """
     if budgets_gb is None:
-        budgets_gb = default_budgets_gb(
-            results["all"].measured_peak_bytes, results["none"].measured_peak_bytes, num_budgets
-        )
-    runs = [(policy, None) for policy in HAND_POLICIES] + [(_auto_name(b), b) for b in budgets_gb]
-    for name, budget_gb in runs[len(HAND_POLICIES) :]:
-        results[name] = run_policy(setup, name, budget_gb)
-    for round_index in range(1, rounds):
-        for name, budget_gb in runs[:: -1 if round_index % 2 else 1]:
-            results[name] = _merge(results[name], run_policy(setup, name, budget_gb))
-    return list(results.values())
+        budgets_gb = probe_budgets_gb(setup, num_budgets)
+    order = interleaved_order(list(HAND_POLICIES), [_auto_name(b) for b in budgets_gb])
+    budget_of = dict.fromkeys(HAND_POLICIES) | {_auto_name(b): b for b in budgets_gb}
+    results: dict[str, PolicyResult] = {}
+    for round_index in range(rounds):
+        shift = round_index % len(order)
+        for name in order[shift:] + order[:shift]:
+            results[name] = _merge(results.get(name), run_policy(setup, name, budget_of[name]))
+            log.info("sweep round %d: %s done", round_index, name)
+    return [results[name] for name in budget_of]
+
+
+def probe_budgets_gb(setup: SweepSetup, count: int) -> list[float]:
+    """Measure the ``all`` and ``none`` peaks on one step after one warm-up, and spread budgets between."""
+    probe = replace(setup, warmup_steps=1, timed_steps=0)
+    peaks = {policy: run_policy(probe, policy).measured_peak_bytes for policy in ("all", "none")}
+    return default_budgets_gb(peaks["all"], peaks["none"], count)
+
+
+def interleaved_order(hands: list[str], autos: list[str]) -> list[str]:
+    """Alternate hand and AutoCheckpoint runs, so that slow drifts of the machine hit both alike.
+
+    Example:
+        >>> interleaved_order(["none", "all", "every-other"], ["a1", "a2", "a3", "a4"])
+        ['none', 'a1', 'all', 'a2', 'every-other', 'a3', 'a4']
+    """
+    pairs = itertools.zip_longest(hands, autos)
+    return [name for pair in pairs for name in pair if name is not None]
 
 
 def _auto_name(budget_gb: float) -> str:
@@ -435,7 +453,7 @@ def _header(setup: SweepSetup, rounds: int) -> str:
     return (
         f"# {device}; torch {machine['torch']}; {len(setup.candidates)} candidate blocks\n"
         f"# each run: {setup.warmup_steps} warm-up steps, {setup.timed_steps} timed steps, 1 measured step; "
-        f"{rounds} round(s), order alternating\n"
+        f"{rounds} round(s), policies interleaved, order rotating\n"
         "# peak_MB: measured peak of one whole training step (parameters, gradients, optimizer state, "
         "activations); pred_MB: AutoCheckpoint's prediction; step_ms: median timed step"
     )
@@ -459,8 +477,14 @@ def _parser() -> argparse.ArgumentParser:
         help="budgets spread between the all-checkpointed and no-checkpointing peaks (default 4)",
     )
     parser.add_argument("--steps", type=_positive_int, default=5, help="timed steps per run (default 5)")
-    parser.add_argument("--warmup", type=_positive_int, default=3, help="untimed steps first (default 3)")
-    parser.add_argument("--rounds", type=_positive_int, default=2, help="times each policy runs (default 2)")
+    parser.add_argument(
+        "--warmup",
+        type=_warmup_steps,
+        default=3,
+        help="untimed steps first, at least 3: AutoCheckpoint plans on the first and measures (and may "
+        "re-plan) on the next two (default 3)",
+    )
+    parser.add_argument("--rounds", type=_positive_int, default=3, help="times each policy runs (default 3)")
     parser.add_argument("--seed", type=int, default=1337, help="seed for weights and data (default 1337)")
     parser.add_argument("--plot", help="write the step time vs peak memory plot (PNG) here")
     parser.add_argument("--json", help="write every figure as JSON here")
@@ -471,6 +495,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _warmup_steps(text: str) -> int:
+    value = int(text)
+    if value < 3:
+        raise argparse.ArgumentTypeError(f"must be at least 3, got {text}")
     return value
 
 
