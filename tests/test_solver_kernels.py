@@ -29,10 +29,24 @@ def test_profile_kernels_are_identical_and_optimal():
     for _ in range(500):
         weights, values, capacity = random_items(rng)
         outs = [np.full(capacity + 1, -1.0) for _ in range(2)]
-        numba_kernels.profile(weights, values, capacity, outs[0])
+        _kernels_numpy.profile(weights, values, capacity, outs[1])
+        np.testing.assert_allclose(outs[1], brute_force_profile(weights, values, capacity), rtol=1e-12)
+        # the numba kernel's grouped sweep, with small windows and tiles to take every branch
+        window, group_items, tile = (int(x) for x in rng.integers(1, [60, 6, 12]))
+        numba_kernels.profile(weights, values, capacity, outs[0], window, group_items, tile)
+        np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_grouped_sweep_matches_item_by_item_on_long_profiles():
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        n, capacity = int(rng.integers(2, 40)), int(rng.integers(100, 3000))
+        weights = rng.integers(1, capacity // 4, n).astype(np.int64)
+        values = weights * rng.uniform(0.5, 1.5, n)
+        outs = [np.empty(capacity + 1) for _ in range(2)]
+        numba_kernels.profile(weights, values, capacity, outs[0], 400, 8, int(rng.integers(1, 64)))
         _kernels_numpy.profile(weights, values, capacity, outs[1])
         np.testing.assert_array_equal(outs[0], outs[1])
-        np.testing.assert_allclose(outs[0], brute_force_profile(weights, values, capacity), rtol=1e-12)
 
 
 def test_leaf_kernels_record_identical_bits_and_optimal_sets():

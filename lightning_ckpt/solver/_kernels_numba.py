@@ -20,22 +20,14 @@ _jit = numba.njit(cache=True, nogil=True)
 
 @_jit
 def _apply(out, w, v, hi):  # pragma: no cover - compiled
+    """One item on ``out[:hi + 1]``."""
     if w == 0:
         for j in range(hi + 1):
             c = out[j] + v
             if c > out[j]:
                 out[j] = c
-        return
-    top = hi + 1
-    while top > w:
-        lo = max(w, top - w)
-        src = out[lo - w : top - w]
-        dst = out[lo:top]
-        for t in range(top - lo):
-            c = src[t] + v
-            if c > dst[t]:
-                dst[t] = c
-        top = lo
+    else:
+        _apply_range(out, w, v, w, hi + 1)
 
 
 @_jit
@@ -48,16 +40,75 @@ def _apply_recording(out, w, v, hi, bits):  # pragma: no cover - compiled
 
 
 @_jit
-def profile(weights, values, capacity, out):  # pragma: no cover - compiled
+def _apply_range(out, w, v, lo, up):  # pragma: no cover - compiled
+    """One item (weight ``w`` >= 1) on ``out[lo:up]``, blocks of <= w entries, top block first."""
+    top = up
+    while top > lo:
+        bottom = max(lo, top - w)
+        src = out[bottom - w : top - w]
+        dst = out[bottom:top]
+        for t in range(top - bottom):
+            c = src[t] + v
+            if c > dst[t]:
+                dst[t] = c
+        top = bottom
+
+
+@_jit
+def _apply_group(out, group_w, group_v, k_items, hi, tile):  # pragma: no cover - compiled
+    """Items of one group (weights >= 1) on ``out[:hi + 1]`` in one sweep over memory.
+
+    Item ``k`` works on a tile ``offsets[k] = w_1 + ... + w_k`` above item ``k - 1``'s: it
+    then reads only cells item ``k - 1`` has finished, and writes only cells item ``k - 1``
+    no longer reads. The active window spans ``sum(w) + tile`` cells, so it stays in cache
+    and each sweep moves the profile through memory once for ``k_items`` items.
+    """
+    offsets = np.empty(k_items, dtype=np.int64)
+    offsets[0] = 0
+    lag = -group_w[0]
+    for k in range(1, k_items):
+        offsets[k] = offsets[k - 1] + group_w[k]
+        lag = max(lag, offsets[k] - group_w[k])
+    top = hi + 1
+    while True:
+        for k in range(k_items):
+            lo = max(group_w[k], top - tile + offsets[k])
+            up = min(hi + 1, top + offsets[k])
+            if up > lo:
+                _apply_range(out, group_w[k], group_v[k], lo, up)
+        if top - tile + lag <= 0:
+            return
+        top -= tile
+
+
+@_jit
+def profile(weights, values, capacity, out, window, k_max, tile):  # pragma: no cover - compiled
     out[0] = 0.0
     reach = 0
-    for i in range(len(weights)):
-        w = weights[i]
-        if w > capacity:
-            continue
-        new_reach = min(capacity, reach + w)
+    group_w = np.empty(k_max, dtype=np.int64)
+    group_v = np.empty(k_max, dtype=np.float64)
+    i, n = 0, len(weights)
+    while i < n:
+        k, total = 0, 0
+        while i < n and k < k_max:
+            w = weights[i]
+            if w > capacity:
+                i += 1
+                continue
+            if k > 0 and (w == 0 or group_w[0] == 0 or total + w > window):
+                break
+            group_w[k], group_v[k] = w, values[i]
+            total += w
+            k += 1
+            i += 1
+        if k == 0:
+            break
+        new_reach = min(capacity, reach + total)
         out[reach + 1 : new_reach + 1] = out[reach]
-        _apply(out, w, values[i], new_reach)
+        if k == 1:
+            _apply(out, group_w[0], group_v[0], new_reach)
+        else:
+            _apply_group(out, group_w, group_v, k, new_reach, tile)
         reach = new_reach
     out[reach + 1 : capacity + 1] = out[reach]
 

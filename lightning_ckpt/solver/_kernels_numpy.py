@@ -9,8 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def profile(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray) -> None:
-    """Fill ``out[:capacity + 1]`` with the value profile (see ``profile.profile``)."""
+def profile(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray, *_grouping: int) -> None:
+    """Fill ``out[:capacity + 1]`` with the value profile (see ``profile.profile``).
+
+    ``_grouping`` (window, items, tile of the numba kernel's grouped sweep) is ignored here:
+    item by item gives the same numbers.
+    """
     out[0] = 0.0
     reach = 0
     for w, v in zip(weights.tolist(), values.tolist(), strict=True):

@@ -7,8 +7,8 @@ each item's decisions so the chosen set can be read back.
 
 Two interchangeable back ends compute bit-identical results:
 
-- ``"numba"``: a fused in-place kernel (one downward pass per item, ``dp[j] = max(dp[j],
-  dp[j - w] + v)``), compiled once and cached on disk, releasing the GIL;
+- ``"numba"``: a fused in-place kernel (``dp[j] = max(dp[j], dp[j - w] + v)`` in one pass,
+  several items per sweep over memory), compiled once and cached on disk, releasing the GIL;
 - ``"numpy"``: a pure-numpy fallback, used when numba is missing or when the environment
   variable ``LIGHTNING_CKPT_NO_NUMBA=1`` is set.
 
@@ -44,6 +44,13 @@ def _load_numba_kernels():
     return _kernels_numba
 
 
+# The numba kernel sweeps memory once per group of up to GROUP_ITEMS consecutive items whose
+# weights sum to at most GROUP_WINDOW cells (8 MiB of profile: stays in cache), TILE cells at a
+# time. Memory traffic per item drops by up to GROUP_ITEMS; results are unchanged.
+GROUP_WINDOW = 1 << 20
+GROUP_ITEMS = 16
+TILE = 4096
+
 _BACKEND = _load_numba_kernels() or _kernels_numpy
 KERNEL: str = "numba" if _BACKEND is not _kernels_numpy else "numpy"
 
@@ -68,7 +75,7 @@ def profile(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndar
         [0.0, 1.0]
     """
     weights, values = _as_items(weights, values)
-    _BACKEND.profile(weights, values, int(capacity), out)
+    _BACKEND.profile(weights, values, int(capacity), out, GROUP_WINDOW, GROUP_ITEMS, TILE)
 
 
 def solve_leaf(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray) -> np.ndarray:
