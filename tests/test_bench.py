@@ -164,11 +164,12 @@ def test_verdicts_pass_and_miss() -> None:
         BenchRow("A", 10, 100, "auto", "ok", time_s=0.1, value=5.0, feasible=True, gap=0.0, peak_bytes=4000),
         BenchRow("A", 10, 100, "torch-sliding", "ok", time_s=1.0, value=5.0, feasible=True, gap=0.0),
     ]
-    passed = bench._verdict(Target("t", "A", 10, 100, "auto", "torch-sliding", 5.0), rows)
+    passed = bench._verdict(Target("issue 9", "A", 10, 100, "auto", "torch-sliding", 5.0), rows)
     missed = bench._verdict(
         Target("t", "A", 10, 100, "auto", "torch-sliding", 20.0, max_peak_bytes_per_unit=32), rows
     )
     assert passed["passed"] and "ratio 10x" in passed["measured"]
+    assert passed["target"] == "issue 9: A n=10 W=100 auto >= 5x torch-sliding"
     assert not missed["passed"] and missed["misses"] == ["ratio 10x < 20x", "peak 40 B/unit > 32"]
 
 
