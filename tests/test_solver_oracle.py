@@ -41,8 +41,7 @@ def assert_optimal(result, weights, values, capacity, optimum):
 def split_mode(request, monkeypatch):
     """Run once with the default leaf rule and once with one-item leaves (deep Hirschberg)."""
     if request.param == "forced splits":
-        monkeypatch.setattr(hirschberg, "LEAF_MIN_BITS", 0)
-        monkeypatch.setattr(hirschberg, "LEAF_MAX_ITEMS", 1)
+        monkeypatch.setattr(hirschberg, "LEAF_MAX_CELLS", 0)
     return request.param
 
 
@@ -72,8 +71,7 @@ def test_exact_methods_agree_on_medium_instances(family, n_items, capacity, spli
 def test_workers_two_equals_workers_one(monkeypatch):
     monkeypatch.setattr(api, "PARALLEL_MIN_TOTAL_CELLS", 0)
     monkeypatch.setattr(parallel, "PARALLEL_MIN_CELLS", 0)
-    monkeypatch.setattr(hirschberg, "LEAF_MIN_BITS", 0)
-    monkeypatch.setattr(hirschberg, "LEAF_MAX_ITEMS", 4)
+    monkeypatch.setattr(hirschberg, "LEAF_MAX_CELLS", 20_000)
     for family in FAMILIES:
         weights, values, capacity = make_instance(family, 60, 5_000, seed=7)
         for method in ("auto", "hirschberg"):

@@ -11,10 +11,9 @@ Segments are processed level by level (an explicit work list: no recursion limit
 tasks of a level are independent, which is what ``parallel.py`` runs on several processes.
 
 Memory: one float64 arena of ``2 * (W + n)`` entries holds every profile (16 bytes per
-capacity unit); leaves of one level have disjoint capacities and at most ``LEAF_MAX_ITEMS`` =
-64 items (or a table under ``LEAF_MIN_BITS``), so their bit tables take at most 8 bytes per
-unit together. Peak extra memory: at most 24 bytes per capacity unit + 512 KiB per process
-+ O(n) (32 bytes per unit with the numpy fallback's temporaries).
+capacity unit); a leaf's bit table is at most ``LEAF_MAX_CELLS`` bits (512 KiB). Peak extra
+memory: 16 bytes per capacity unit + 512 KiB per process + O(n) (24 bytes per unit with the
+numpy fallback's temporaries), within the 32 bytes per unit budget.
 
 Example:
     >>> w, v = np.array([1, 1, 1]), np.array([1.0, 1.0, 1.0])
@@ -35,8 +34,10 @@ from lightning_ckpt.solver.profile import best_split, cell_updates, profile, sol
 
 __all__ = ["Task", "LocalExecutor", "arena_size", "solve_segments", "run_task"]
 
-LEAF_MIN_BITS = 1 << 22  # 512 KiB: small problems are one leaf, whatever W
-LEAF_MAX_ITEMS = 64  # a leaf's bit table costs at most 8 bytes per unit of its capacity
+# A segment is a leaf when its decision-bit table (items x capacities) has at most this many
+# cells (512 KiB). Larger segments are split: the recording pass of a leaf is several times
+# slower than the grouped profile kernel, so splitting down to small leaves is faster (measured).
+LEAF_MAX_CELLS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -92,12 +93,9 @@ def arena_size(capacity: int, n_items: int) -> int:
 
 
 def _is_leaf(n_items: int, capacity: int) -> bool:
-    """Leaves: at most ``LEAF_MAX_ITEMS`` items, or a bit table under ``LEAF_MIN_BITS``.
-
-    The rule depends only on the segment (never on ``workers``), so every run splits the
-    instance the same way and returns the same set.
-    """
-    return n_items <= LEAF_MAX_ITEMS or n_items * (capacity + 1) <= LEAF_MIN_BITS
+    """The rule depends only on the segment (never on ``workers``), so every run splits the
+    instance the same way and returns the same set."""
+    return n_items * (capacity + 1) <= LEAF_MAX_CELLS
 
 
 def _plan_level(segments, prefix, chosen):
@@ -108,6 +106,8 @@ def _plan_level(segments, prefix, chosen):
             continue
         if prefix[hi] - prefix[lo] <= cap:
             chosen[lo:hi] = True
+        elif hi - lo == 1:  # a single item heavier than the capacity
+            continue
         elif _is_leaf(hi - lo, cap):
             tasks.append(Task("leaf", lo, hi, cap, offset))
         else:
