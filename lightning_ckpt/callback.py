@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -121,7 +122,7 @@ class AutoCheckpoint(Callback):
     ) -> None:
         if self._meter is None:
             return
-        peak_bytes = self._stop_measuring()
+        peak_bytes = _max_over_ranks(trainer, self._stop_measuring())
         self._plan = self._plan.with_measured_peak(peak_bytes)
         rank_zero_info(
             f"AutoCheckpoint: measured peak {peak_bytes / _GB:.4f} GB, predicted {self._plan.predicted_peak_bytes / _GB:.4f} GB,"
@@ -224,7 +225,10 @@ class AutoCheckpoint(Callback):
         if not self._measure_next:
             return
         self._measure_next = False
-        self._meter = track_peak_bytes(device=trainer.strategy.root_device)
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        self._meter = track_peak_bytes(
+            trainer.strategy.root_device, model=trainer.lightning_module, optimizer=optimizer
+        )
         self._meter.__enter__()
 
     def _stop_measuring(self) -> int:
@@ -241,6 +245,12 @@ def _replanned(plan: CheckpointPlan, budget_bytes: int, measured_peak_bytes: int
         "measured_peak_bytes": measured_peak_bytes,
     }
     return CheckpointPlan.from_dict(data)
+
+
+def _max_over_ranks(trainer: pl.Trainer, value: int) -> int:
+    """The largest value over all ranks: every rank must take the same re-plan decision."""
+    tensor = torch.tensor(float(value), dtype=torch.float64, device=trainer.strategy.root_device)
+    return int(trainer.strategy.reduce(tensor, reduce_op="max").item())
 
 
 def _log_metrics(trainer: pl.Trainer, plan: CheckpointPlan) -> None:

@@ -1,0 +1,52 @@
+"""Shared pieces of the AutoCheckpoint tests: a tiny GPT, random token data, fast Trainer flags."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from examples.gpt import GPT
+
+TINY_GPT = dict(block_size=32, n_layer=4, n_head=2, n_embd=32, dropout=0.1)
+
+
+def tiny_gpt(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(**(TINY_GPT | overrides))
+
+
+def token_loader(
+    num_batches: int = 8, batch_size: int = 4, block_size: int = 32, seed: int = 0
+) -> DataLoader:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 256, (num_batches * batch_size, block_size + 1), generator=generator)
+    dataset = TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False)
+
+
+def fast_trainer(callbacks=(), max_steps: int = 3, **kwargs) -> L.Trainer:
+    options = dict(
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        deterministic=True,
+    )
+    return L.Trainer(callbacks=list(callbacks), **(options | kwargs))
+
+
+def fit(model: GPT, callbacks=(), max_steps: int = 3, seed: int = 0, **trainer_kwargs) -> L.Trainer:
+    L.seed_everything(seed, verbose=False)
+    trainer = fast_trainer(callbacks, max_steps=max_steps, **trainer_kwargs)
+    trainer.fit(model, train_dataloaders=token_loader())
+    return trainer
+
+
+def block_names(model: GPT) -> list[str]:
+    return [f"transformer.h.{i}" for i in range(len(model.transformer.h))]

@@ -1,0 +1,49 @@
+"""Run by tests/test_callback_ddp.py: AutoCheckpoint under DDP with 2 CPU processes (gloo).
+
+Usage: python tests/ddp_script.py OUT_DIR {ddp,single}. Each DDP rank writes its plan; rank 0 (or the
+single process, on a batch twice as large) writes the parameters after training.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from callback_helpers import tiny_gpt, token_loader  # noqa: E402
+
+from lightning_ckpt import AutoCheckpoint  # noqa: E402
+
+STEPS, BATCH = 3, 4
+
+
+def main(out_dir: Path, mode: str) -> None:
+    L.seed_everything(0, verbose=False)
+    model = tiny_gpt(seed=1, dropout=0.0)
+    ddp = mode == "ddp"
+    callback = AutoCheckpoint(budget_gb=float(sys.argv[3]))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2 if ddp else 1,
+        strategy="ddp" if ddp else "auto",
+        max_steps=STEPS,
+        callbacks=[callback] if ddp else [],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, train_dataloaders=token_loader(batch_size=BATCH if ddp else 2 * BATCH, num_batches=8))
+    if ddp:
+        plan = callback.plan.to_dict()
+        (out_dir / f"plan{trainer.global_rank}.json").write_text(json.dumps(plan, sort_keys=True))
+    if trainer.is_global_zero:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, out_dir / f"{mode}.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,211 @@
+"""AutoCheckpoint inside a real (CPU) Lightning fit."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from callback_helpers import block_names, fast_trainer, fit, tiny_gpt, token_loader
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+import lightning_ckpt.callback as callback_module
+from lightning_ckpt import AutoCheckpoint, CheckpointPlan
+from lightning_ckpt.memory import fixed_peak_bytes, predict_peak_bytes
+from lightning_ckpt.planner import BudgetTooSmallError
+from lightning_ckpt.wrapping import checkpointed_names
+
+GB = 1e9
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"budget_gb": -1}, r"`budget_gb` must be a positive finite number of GB, got -1"),
+        ({"budget_gb": 0}, r"`budget_gb` must be .* got 0"),
+        ({"budget_gb": math.nan}, r"`budget_gb` must be .* got nan"),
+        ({"budget_gb": math.inf}, r"`budget_gb` must be .* got inf"),
+        ({"budget_gb": "40"}, r"`budget_gb` must be .* got '40'"),
+        ({"budget_gb": True}, r"`budget_gb` must be .* got True"),
+        ({"budget_gb": 1, "targets": [3]}, r"`targets` must be None or a list .* got \[3\]"),
+        ({"budget_gb": 1, "cost": "memory"}, r"`cost` must be one of \('time', 'flops'\), got 'memory'"),
+        ({"budget_gb": 1, "solver": "magic"}, r"`solver` must be one of .*'auto'.* got 'magic'"),
+        ({"budget_gb": 1, "quantum_bytes": 0}, r"`quantum_bytes` must be a positive integer, got 0"),
+        ({"budget_gb": 1, "workers": 1.5}, r"`workers` must be a positive integer, got 1.5"),
+    ],
+)
+def test_bad_arguments_raise_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AutoCheckpoint(**kwargs)
+
+
+class WrappedSpy(Callback):
+    """Records which modules are checkpoint-wrapped while training runs."""
+
+    names: list[str] | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.names = sorted(checkpointed_names(pl_module))
+
+
+def _profile_bounds(model) -> tuple[int, int, object]:
+    """Predicted peak with every block checkpointed and with none, from a profiling run."""
+    probe = AutoCheckpoint(budget_gb=1000, measure=False)
+    fit(model, [probe], max_steps=1)
+    profile = probe._profile
+    everything = [m.name for m in profile.modules]
+    return predict_peak_bytes(profile, everything), predict_peak_bytes(profile, []), profile
+
+
+def test_huge_budget_checkpoints_nothing():
+    model = tiny_gpt()
+    callback = AutoCheckpoint(budget_gb=1000)
+    fit(model, [callback], max_steps=3)
+    plan = callback.plan
+    assert isinstance(plan, CheckpointPlan)
+    assert plan.checkpointed == ()
+    assert plan.kept == tuple(block_names(model))
+    assert plan.measured_peak_bytes is not None and 0 < plan.measured_peak_bytes <= plan.budget_bytes
+    assert checkpointed_names(model) == []
+
+
+def test_tight_budget_checkpoints_some_and_fits():
+    low_bytes, high_bytes, profile = _profile_bounds(tiny_gpt())
+    budget_bytes = (fixed_peak_bytes(profile) + high_bytes) // 2
+    model, spy = tiny_gpt(), WrappedSpy()
+    callback = AutoCheckpoint(budget_gb=budget_bytes / GB)
+    fit(model, [callback, spy], max_steps=4)
+    plan = callback.plan
+    assert spy.names == sorted(plan.checkpointed), "the planned modules are wrapped during training"
+    assert checkpointed_names(model) == [], "and unwrapped when fit ends"
+    assert 0 < len(plan.checkpointed) < len(block_names(model))
+    assert sorted(plan.checkpointed + plan.kept) == sorted(block_names(model))
+    assert plan.predicted_peak_bytes <= budget_bytes
+    assert plan.measured_peak_bytes is not None and plan.measured_peak_bytes <= budget_bytes
+    assert low_bytes <= plan.predicted_peak_bytes < high_bytes
+    assert "checkpoint" in str(plan) and "keep" in str(plan)
+
+
+def test_impossible_budget_names_the_smallest_budget_and_leaves_model_untouched():
+    model = tiny_gpt()
+    with pytest.raises(
+        BudgetTooSmallError, match=r"`budget_gb`=1e-06 is too small.*smallest budget that works is budget_gb="
+    ):
+        fit(model, [AutoCheckpoint(budget_gb=1e-6)], max_steps=1)
+    assert checkpointed_names(model) == []
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_parameters_match_a_run_without_the_callback():
+    _, high_bytes, profile = _profile_bounds(tiny_gpt())
+    budget_gb = (fixed_peak_bytes(profile) + high_bytes) / 2 / GB
+    plain, wrapped = tiny_gpt(seed=3), tiny_gpt(seed=3)
+    fit(plain, max_steps=4, seed=7)
+    callback = AutoCheckpoint(budget_gb=budget_gb)
+    fit(wrapped, [callback], max_steps=4, seed=7)
+    assert callback.plan.checkpointed, "the budget should force some checkpointing"
+    for (name, p_plain), (_, p_wrapped) in zip(
+        plain.named_parameters(), wrapped.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(p_wrapped, p_plain, msg=name)
+
+
+def test_metrics_reach_the_logger(tmp_path):
+    callback = AutoCheckpoint(budget_gb=1000)
+    fit(tiny_gpt(), [callback], max_steps=3, logger=CSVLogger(tmp_path, name="run"))
+    metrics = (tmp_path / "run" / "version_0" / "metrics.csv").read_text()
+    for key in ("autockpt/predicted_peak_gb", "autockpt/measured_peak_gb", "autockpt/num_checkpointed"):
+        assert key in metrics
+
+
+def test_validation_and_sanity_steps_do_not_plan():
+    callback = AutoCheckpoint(budget_gb=1000)
+    trainer = fast_trainer([callback], max_steps=2, num_sanity_val_steps=2, limit_val_batches=2)
+    trainer.validate(tiny_gpt(), dataloaders=token_loader())
+    assert callback.plan is None
+    trainer.fit(tiny_gpt(), train_dataloaders=token_loader(), val_dataloaders=token_loader())
+    assert callback.plan is not None
+
+
+def test_gradient_accumulation_and_bf16_mixed():
+    _, high_bytes, profile = _profile_bounds(tiny_gpt())
+    budget_gb = (fixed_peak_bytes(profile) + high_bytes) / 2 / GB
+    callback = AutoCheckpoint(budget_gb=budget_gb)
+    trainer = fit(tiny_gpt(), [callback], max_steps=2, accumulate_grad_batches=2, precision="bf16-mixed")
+    assert trainer.global_step == 2
+    assert callback.plan.measured_peak_bytes is not None
+
+
+def test_state_dict_round_trip_and_state_key():
+    callback = AutoCheckpoint(budget_gb=1000)
+    fit(tiny_gpt(), [callback], max_steps=2)
+    restored = AutoCheckpoint(budget_gb=1000)
+    restored.load_state_dict(callback.state_dict())
+    assert restored.plan == callback.plan
+    assert "1000" in callback.state_key and AutoCheckpoint(budget_gb=8).state_key != callback.state_key
+
+
+def test_resume_reapplies_plan_without_profiling_and_matches_uninterrupted(tmp_path, monkeypatch):
+    _, high_bytes, profile = _profile_bounds(tiny_gpt())
+    budget_gb = (fixed_peak_bytes(profile) + high_bytes) / 2 / GB
+    # Lightning restores neither the global RNG nor a plain DataLoader's position: no dropout, and the
+    # checkpoint is taken after the last batch of an epoch (3 batches per epoch), so the runs can agree exactly.
+    loader = token_loader(num_batches=3)
+    full = tiny_gpt(seed=5, dropout=0.0)
+    L.seed_everything(11, verbose=False)
+    fast_trainer([AutoCheckpoint(budget_gb=budget_gb)], max_steps=6).fit(full, train_dataloaders=loader)
+
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
+    first = AutoCheckpoint(budget_gb=budget_gb)
+    L.seed_everything(11, verbose=False)
+    trainer = fast_trainer([first, saver], max_steps=3, enable_checkpointing=True)
+    trainer.fit(tiny_gpt(seed=5, dropout=0.0), train_dataloaders=loader)
+    ckpt = next(tmp_path.glob("*step=3.ckpt"))
+
+    def no_profiling(*args, **kwargs):
+        raise AssertionError("a resumed run must not profile again")
+
+    monkeypatch.setattr(callback_module, "profile_step", no_profiling)
+    resumed_model, second = tiny_gpt(seed=99, dropout=0.0), AutoCheckpoint(budget_gb=budget_gb)
+    trainer = fast_trainer([second], max_steps=6)
+    trainer.fit(resumed_model, train_dataloaders=loader, ckpt_path=ckpt)
+    assert second.plan.checkpointed == first.plan.checkpointed
+    for (name, p_full), (_, p_resumed) in zip(
+        full.named_parameters(), resumed_model.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(p_resumed, p_full, msg=name)
+
+
+def test_manual_optimization_is_refused():
+    model = tiny_gpt()
+    model.automatic_optimization = False
+    with pytest.raises(ValueError, match="automatic optimization"):
+        fit(model, [AutoCheckpoint(budget_gb=1)], max_steps=1)
+
+
+def test_compiled_submodule_is_refused():
+    model = tiny_gpt()
+    model.transformer.h[0] = torch.compile(model.transformer.h[0])
+    with pytest.raises(ValueError, match="torch.compile"):
+        fit(model, [AutoCheckpoint(budget_gb=1)], max_steps=1)
+
+
+def test_overshoot_triggers_one_replan(monkeypatch):
+    _, high_bytes, profile = _profile_bounds(tiny_gpt())
+    budget_bytes = (fixed_peak_bytes(profile) + high_bytes) // 2
+    real_stop = callback_module.AutoCheckpoint._stop_measuring
+    inflated = iter([budget_bytes + 10_000, None])
+
+    def stop_with_overshoot(self):
+        measured = real_stop(self)
+        fake = next(inflated, None)
+        return measured if fake is None else fake
+
+    monkeypatch.setattr(callback_module.AutoCheckpoint, "_stop_measuring", stop_with_overshoot)
+    callback = AutoCheckpoint(budget_gb=budget_bytes / GB)
+    with pytest.warns(UserWarning, match="over the budget"):
+        fit(tiny_gpt(), [callback], max_steps=4)
+    assert callback.plan.replanned
+    assert callback.plan.budget_bytes == budget_bytes
