@@ -2,7 +2,8 @@
 
 Every method runs in its own persistent child process (one per method, started once, warmed up on a tiny
 instance so imports and JIT compilation are not timed), called the same way: the child times only the
-solver call with ``time.perf_counter`` and repeats short calls (best of up to 5, within 0.25 s).
+solver call with ``time.perf_counter`` and repeats short calls (best of up to 5 calls while they
+take under 0.25 s in all; 3 s for ``--targets``).
 
 Peak memory is the growth over the pre-call baseline of the child's exact resident high-water mark
 (``VmHWM``, reset before each call through ``/proc/self/clear_refs``), and, when the child has processes
@@ -48,7 +49,6 @@ TORCH_REFERENCE = "torch-sliding"
 DEFAULT_N = (100, 500, 1000, 2000)
 DEFAULT_W = (10**5, 10**6, 10**7)
 PAPER_W = (140_000_000, 380_000_000)
-REPEAT_BUDGET_S = 0.25
 MAX_REPEATS = 5
 BYTES_PER_MB = 1e6
 
@@ -122,7 +122,7 @@ def make_instance(family: str, n: int, capacity: int, seed: int = 0) -> Knapsack
     )
 
 
-_WARM_UP_LARGE = {"hirschberg-w2": (200, 400_000)}  # n, W: big enough for the solver's workers
+_WARM_UP_LARGE = {"hirschberg-w2": (400, 1_000_000)}  # n, W: above the solver's threshold for workers
 
 
 @dataclass
@@ -309,15 +309,15 @@ class _Runner:
         )
         self.first_call_s: float | None = None
 
-    def call(self, instance: KnapsackInstance, kill_after_s: float, repeat: bool = True) -> dict:
+    def call(self, instance: KnapsackInstance, kill_after_s: float, repeat_budget_s: float = 0.0) -> dict:
         """Run the method on ``instance``; a result dict (see ``_timed_calls``) with ``peak_bytes``."""
         request = {
             "method": self.method,
             "weights": instance.weights.tolist(),
             "values": instance.values.tolist(),
             "capacity": instance.capacity,
-            "repeat_budget_s": REPEAT_BUDGET_S if repeat else 0.0,
-            "max_repeats": MAX_REPEATS if repeat else 1,
+            "repeat_budget_s": repeat_budget_s,
+            "max_repeats": MAX_REPEATS if repeat_budget_s > 0 else 1,
             "torch_threads": self.torch_threads,
         }
         pid = self.process.pid
@@ -381,15 +381,35 @@ def _sample_interval_s(start: float) -> float:
 # ------------------------------------------------------------------------------------------ the harness
 
 
+@dataclass(frozen=True)
+class BenchOptions:
+    """How the benchmark runs.
+
+    Attributes:
+        max_seconds: skip a run whose estimated time exceeds this (a running one is killed at
+            ``max(3 x, 10 s)``).
+        max_memory_gb: refuse full-table methods whose table exceeds this (None: a quarter of the
+            memory available at start).
+        torch_threads: torch's intra-op threads in its runner (0: torch's default).
+        progress: show a tqdm bar on stderr (only on a terminal).
+        repeat_budget_s: repeat a call (best of up to 5) while the calls so far took less than this.
+    """
+
+    max_seconds: float = 3.0
+    max_memory_gb: float | None = None
+    torch_threads: int = 1
+    progress: bool = True
+    repeat_budget_s: float = 0.25
+
+
 @dataclass
 class BenchReport:
     """Rows of a run, plus each method's first call in a fresh process (imports and JIT included)."""
 
     rows: list[BenchRow]
+    options: BenchOptions
+    max_memory_bytes: int
     first_call_s: dict[str, float] = field(default_factory=dict)
-    max_seconds: float = 0.0
-    max_memory_bytes: int = 0
-    torch_threads: int = 1
     load_before: str = ""
     load_after: str = ""
 
@@ -397,11 +417,11 @@ class BenchReport:
 class _Bench:
     """Runs methods on instances with the skip rules; keeps one runner per method and each one's rates."""
 
-    def __init__(self, max_seconds: float, max_memory_bytes: int, torch_threads: int) -> None:
-        self.torch_threads = torch_threads
-        self.max_seconds = max_seconds
+    def __init__(self, options: BenchOptions, max_memory_bytes: int) -> None:
+        self.options = options
+        self.max_seconds = options.max_seconds
         self.max_memory_bytes = max_memory_bytes
-        self.kill_after_s = max(3.0 * max_seconds, 10.0)
+        self.kill_after_s = max(3.0 * options.max_seconds, 10.0)
         self.runners: dict[str, _Runner] = {}
         self.first_call_s: dict[str, float] = {}
         self.costliest: dict[tuple[str, str], tuple[int, float]] = {}  # (method, family) -> (cost, s)
@@ -427,7 +447,7 @@ class _Bench:
         row = BenchRow(instance.family, instance.n, instance.capacity, method, status="ok")
         if self._skip(row, instance, method):
             return row
-        result = self._runner(method).call(instance, self.kill_after_s)
+        result = self._runner(method).call(instance, self.kill_after_s, self.options.repeat_budget_s)
         row.status, row.note = result["status"], result.get("note", "")
         key = (method, instance.family)
         if row.status == "timeout":
@@ -465,12 +485,12 @@ class _Bench:
         """The method's live runner, started and warmed up on a tiny instance if needed."""
         runner = self.runners.get(method)
         if runner is None or not runner.alive():
-            runner = self.runners[method] = _Runner(method, self.torch_threads)
+            runner = self.runners[method] = _Runner(method, self.options.torch_threads)
             start = time.perf_counter()
-            runner.call(make_instance("A", 20, 1000), self.kill_after_s, repeat=False)
+            runner.call(make_instance("A", 20, 1000), self.kill_after_s)
             self.first_call_s.setdefault(method, time.perf_counter() - start)
             if method in _WARM_UP_LARGE:  # start its worker processes too: a one-time cost, like the JIT
-                runner.call(make_instance("A", *_WARM_UP_LARGE[method]), self.kill_after_s, repeat=False)
+                runner.call(make_instance("A", *_WARM_UP_LARGE[method]), self.kill_after_s)
         return runner
 
     def close(self) -> None:
@@ -544,25 +564,6 @@ def _score(rows: list[BenchRow], instance: KnapsackInstance) -> None:
             row.gcells_per_s = instance.cells / row.time_s / 1e9
 
 
-@dataclass(frozen=True)
-class BenchOptions:
-    """How the benchmark runs.
-
-    Attributes:
-        max_seconds: skip a run whose estimated time exceeds this (a running one is killed at
-            ``max(3 x, 10 s)``).
-        max_memory_gb: refuse full-table methods whose table exceeds this (None: a quarter of the
-            memory available at start).
-        torch_threads: torch's intra-op threads in its runner (0: torch's default).
-        progress: show a tqdm bar on stderr (only on a terminal).
-    """
-
-    max_seconds: float = 3.0
-    max_memory_gb: float | None = None
-    torch_threads: int = 1
-    progress: bool = True
-
-
 def run_grid(
     families: Sequence[str],
     ns: Sequence[int],
@@ -597,7 +598,7 @@ def run_jobs(jobs: Sequence[tuple[KnapsackInstance, Sequence[str]]], options: Be
     from tqdm import tqdm
 
     memory_bytes = int(options.max_memory_gb * 1e9) if options.max_memory_gb else _available_bytes() // 4
-    bench = _Bench(options.max_seconds, memory_bytes, options.torch_threads)
+    bench = _Bench(options, memory_bytes)
     load_before = _load_average()
     rows: list[BenchRow] = []
     total = sum(len(m) for _, m in jobs)
@@ -610,15 +611,7 @@ def run_jobs(jobs: Sequence[tuple[KnapsackInstance, Sequence[str]]], options: Be
     finally:
         bar.close()
         bench.close()
-    return BenchReport(
-        rows,
-        dict(bench.first_call_s),
-        options.max_seconds,
-        memory_bytes,
-        options.torch_threads,
-        load_before,
-        _load_average(),
-    )
+    return BenchReport(rows, options, memory_bytes, dict(bench.first_call_s), load_before, _load_average())
 
 
 def _load_average() -> str:
@@ -747,14 +740,15 @@ def _cpu_model() -> str:
 
 def _header(report: BenchReport) -> str:
     machine = _machine()
-    threads = report.torch_threads or "torch's default"
+    threads = report.options.torch_threads or "torch's default"
     return (
         f"# {machine['processor'] or 'unknown CPU'}, {machine['cpus']} CPUs; python {machine['python']}, "
         f"numpy {machine['numpy']}, numba {machine['numba']}, torch {machine['torch']}\n"
-        f"# time: best of up to {MAX_REPEATS} calls within {REPEAT_BUDGET_S} s, warm process; peak_MB: "
+        f"# time: best of up to {MAX_REPEATS} calls within {report.options.repeat_budget_s:g} s, warm process; "
+        "peak_MB: "
         "resident growth during the call (process tree); gap vs the best feasible exact value; vs_torch: "
         f"{TORCH_REFERENCE} time / this time (~: torch time estimated); Gcell/s = n*W / time\n"
-        f"# skip rule: estimated time > {report.max_seconds:g} s; full tables > "
+        f"# skip rule: estimated time > {report.options.max_seconds:g} s; full tables > "
         f"{_gigabytes(report.max_memory_bytes)} refused; torch-* with {threads} intra-op thread(s); "
         f"load average before/after: {report.load_before} / {report.load_after}"
     )
@@ -795,7 +789,7 @@ def write_json(report: BenchReport, path: str, arguments: dict, targets: Sequenc
     payload = {
         "machine": _machine(),
         "arguments": arguments,
-        "max_seconds": report.max_seconds,
+        "options": asdict(report.options),
         "max_memory_bytes": report.max_memory_bytes,
         "first_call_s": report.first_call_s,
         "rows": [asdict(row) for row in report.rows],
@@ -975,7 +969,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(exit_request.code or 0)
     default_seconds = 600.0 if args.targets else 120.0 if args.paper else 3.0
     options = BenchOptions(
-        args.max_seconds or default_seconds, args.max_memory_gb, args.torch_threads, not args.no_progress
+        max_seconds=args.max_seconds or default_seconds,
+        max_memory_gb=args.max_memory_gb,
+        torch_threads=args.torch_threads,
+        progress=not args.no_progress,
+        repeat_budget_s=3.0 if args.targets else 0.25,  # targets: best of several calls, also for long ones
     )
     targets = _targets(args.paper) if args.targets else []
     if targets:
