@@ -21,6 +21,23 @@ from lightning_ckpt import AutoCheckpoint  # noqa: E402
 STEPS, BATCH = 3, 4
 
 
+class ShardedTokens(L.LightningDataModule):
+    """Rank r of w trains on rows r, r+w, ... of one fixed token set, so DDP's 2 x BATCH rows per step are
+    exactly the single process's batch of 2 x BATCH rows (no sampler shuffling involved)."""
+
+    def __init__(self, batch_size: int) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self):
+        loader = token_loader(batch_size=2 * BATCH, num_batches=STEPS + 1)
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        inputs, targets = loader.dataset.tensors
+        rows = torch.arange(rank, inputs.shape[0], world)
+        dataset = torch.utils.data.TensorDataset(inputs[rows], targets[rows])
+        return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
+
+
 def main(out_dir: Path, mode: str) -> None:
     L.seed_everything(0, verbose=False)
     model = tiny_gpt(seed=1, dropout=0.0)
@@ -36,8 +53,9 @@ def main(out_dir: Path, mode: str) -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        use_distributed_sampler=False,
     )
-    trainer.fit(model, train_dataloaders=token_loader(batch_size=BATCH if ddp else 2 * BATCH, num_batches=8))
+    trainer.fit(model, datamodule=ShardedTokens(BATCH if ddp else 2 * BATCH))
     if ddp:
         plan = callback.plan.to_dict()
         (out_dir / f"plan{trainer.global_rank}.json").write_text(json.dumps(plan, sort_keys=True))

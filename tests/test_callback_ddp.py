@@ -23,7 +23,7 @@ def _run(out_dir: Path, mode: str, budget_gb: float) -> None:
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_ddp_ranks_share_one_plan_and_train_like_one_process(tmp_path):
-    budget_gb = 0.0125  # between the all-checkpointed and the no-checkpointing peak of the tiny GPT
+    budget_gb = 0.0022  # between the all-checkpointed and the no-checkpointing peak of the tiny GPT (batch 4)
     _run(tmp_path, "ddp", budget_gb)
     _run(tmp_path, "single", budget_gb)
     plans = [json.loads((tmp_path / f"plan{rank}.json").read_text()) for rank in (0, 1)]

@@ -1,0 +1,118 @@
+"""Read a training run's LightningCLI YAML config without building anything (no model, no Trainer).
+
+The offline planner and the sweep read the same config as ``python -m examples.train fit --config ...``:
+it is parsed and validated by LightningCLI's own parser, so defaults, ``class_path`` resolution and
+command-line overrides (``--trainer.devices 8``) mean exactly what they mean for training.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.cli import LightningCLI
+
+
+class _ParseOnlyCLI(LightningCLI):
+    """LightningCLI that parses and validates, but instantiates nothing."""
+
+    def instantiate_classes(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    """A ``class_path`` and its ``init_args``, as written in a config."""
+
+    class_path: str
+    init_args: dict[str, Any] = field(default_factory=dict)
+
+    def load_class(self) -> type:
+        module_name, _, class_name = self.class_path.rpartition(".")
+        return getattr(importlib.import_module(module_name), class_name)
+
+    def instantiate(self) -> Any:
+        return self.load_class()(**self.init_args)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What planning needs from a run config: model, data, trainer settings and AutoCheckpoint's arguments."""
+
+    model: ClassSpec
+    data: ClassSpec | None
+    trainer: dict[str, Any]
+    autocheckpoint: dict[str, Any] | None
+
+    @property
+    def world_size(self) -> int:
+        devices = self.trainer.get("devices", 1)
+        per_node = len(devices) if isinstance(devices, (list, tuple)) else _int_or_one(devices)
+        return per_node * int(self.trainer.get("num_nodes") or 1)
+
+    @property
+    def strategy_name(self) -> str:
+        """``"fsdp"``, ``"ddp"`` or ``"single"`` (what static memory modelling needs to know)."""
+        strategy = self.trainer.get("strategy") or "auto"
+        name = (strategy.class_path if isinstance(strategy, ClassSpec) else str(strategy)).lower()
+        if "fsdp" in name:
+            return "fsdp"
+        return "ddp" if "ddp" in name or self.world_size > 1 else "single"
+
+
+def load_run_config(config_path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Parse a LightningCLI YAML config (plus ``--key value`` overrides) into a :class:`RunConfig`.
+
+    Raises:
+        ValueError: if the file does not exist or names no model.
+    """
+    if not Path(config_path).is_file():
+        raise ValueError(f"`config` must name an existing YAML file, got {str(config_path)!r}")
+    cli = _ParseOnlyCLI(
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        save_config_callback=None,
+        args=["--config", str(config_path), *(overrides or [])],
+    )
+    config = cli.config.as_dict()
+    if not config.get("model"):
+        raise ValueError(f"the config {str(config_path)!r} must name a `model` with a class_path")
+    trainer = {key: _spec_or_value(value) for key, value in (config.get("trainer") or {}).items()}
+    return RunConfig(
+        model=_spec(config["model"]),
+        data=_spec(config["data"]) if config.get("data") else None,
+        trainer=trainer,
+        autocheckpoint=_autocheckpoint_args(trainer.get("callbacks")),
+    )
+
+
+def _spec(entry: dict[str, Any]) -> ClassSpec:
+    return ClassSpec(entry["class_path"], dict(entry.get("init_args") or {}))
+
+
+def _spec_or_value(value: Any) -> Any:
+    if isinstance(value, dict) and "class_path" in value:
+        return _spec(value)
+    if isinstance(value, list):
+        return [_spec_or_value(item) for item in value]
+    return value
+
+
+def _autocheckpoint_args(callbacks: Any) -> dict[str, Any] | None:
+    for callback in callbacks or []:
+        if isinstance(callback, ClassSpec) and callback.class_path.endswith("AutoCheckpoint"):
+            return dict(callback.init_args)
+    return None
+
+
+def _int_or_one(devices: Any) -> int:
+    try:
+        return max(int(devices), 1)
+    except (TypeError, ValueError):
+        return 1  # "auto" and friends: one device unless the command line says otherwise
