@@ -881,6 +881,9 @@ def _verdict(target: Target, rows: Sequence[BenchRow]) -> dict:
     if row.gap is None or row.gap > 1e-9:
         misses.append(f"not exact (gap {row.gap})")
     measured = [f"{target.method} {row.time_s:.4g} s"]
+    others = [r for m, r in found.items() if m != target.method and r.status == "ok" and METHODS[m].exact]
+    if not any(r.feasible for r in others):
+        measured.append("optimum not cross-checked (no other exact method ran)")
     if target.reference and (reference is None or reference.status != "ok"):
         misses.append(f"{target.reference} did not run")
     elif target.reference:

@@ -176,3 +176,11 @@ def test_verdicts_pass_and_miss() -> None:
 def test_main_rejects_unknown_names(capsys) -> None:
     assert main(["--methods", "hirschberg", "simplex"]) == 2
     assert "--methods must be among hirschberg" in capsys.readouterr().err
+
+
+def test_verdict_says_when_the_optimum_was_not_cross_checked() -> None:
+    row = BenchRow("B", 10, 100, "hirschberg-w2", "ok", time_s=2.0, value=5.0, feasible=True, gap=0.0)
+    row.gcells_per_s = 10 * 100 / 2.0 / 1e9
+    verdict = bench._verdict(Target("issue 3", "B", 10, 100, "hirschberg-w2", min_gcells_per_s=3.0), [row])
+    assert "optimum not cross-checked" in verdict["measured"]
+    assert verdict["misses"] == ["5e-07 Gcell/s < 3"]
