@@ -7,7 +7,10 @@ memory model (`lightning_ckpt.memory`) guarantees, for every checkpointed set S,
 
 so a knapsack over the kept modules with capacity ``budget - fixed`` (weights rounded up and capacity
 rounded down to ``quantum_bytes``) always gives a plan whose predicted peak is within the budget, and the
-solver makes the kept recompute cost (the time saved) as large as possible.
+solver makes the kept recompute cost (the time saved) as large as possible under that bound. The bound
+is additive while the real peak is a maximum over the backward pass, so it can be loose; a last pass
+then keeps, most valuable first, any checkpointed module whose activations still fit under the exact
+prediction. Neither step ever goes over the budget.
 """
 
 from __future__ import annotations
@@ -70,15 +73,16 @@ def make_plan(
     capacity_bytes = int(budget_bytes) - fixed_bytes
     if capacity_bytes < 0:
         raise BudgetTooSmallError(budget_bytes, fixed_bytes, len(names))
-    costs = keep_cost_bytes(profile)
-    weights_bytes = [max(int(costs[name]), 0) for name in names]
+    values = item_values(profile, cost)
     start = time.perf_counter()
-    if sum(weights_bytes) <= capacity_bytes:
+    if predict_peak_bytes(profile, []) <= budget_bytes:
         kept, method = set(names), "all-fit"
     else:
-        weights, capacity = quantize(weights_bytes, capacity_bytes, quantum_bytes)
-        result = solve_knapsack(weights, item_values(profile, cost), capacity, method=solver, workers=workers)
+        costs = keep_cost_bytes(profile)
+        weights, capacity = quantize([max(int(costs[n]), 0) for n in names], capacity_bytes, quantum_bytes)
+        result = solve_knapsack(weights, values, capacity, method=solver, workers=workers)
         kept, method = {names[i] for i in result.chosen}, result.method
+        kept |= _keep_more_if_exact_peak_allows(profile, kept, values, budget_bytes)
     solver_seconds = time.perf_counter() - start
     checkpointed = tuple(n for n in names if n not in kept)
     return CheckpointPlan(
@@ -88,11 +92,25 @@ def make_plan(
         static_bytes=int(profile.static_bytes),
         budget_bytes=int(budget_bytes),
         predicted_peak_bytes=int(predict_peak_bytes(profile, checkpointed)),
-        recompute_seconds=sum(m.recompute_seconds for m in profile.modules if m.name in set(checkpointed)),
+        recompute_seconds=sum(m.recompute_seconds for m in profile.modules if m.name not in kept),
         solver_method=method,
         solver_seconds=solver_seconds,
         notes=tuple(notes),
     )
+
+
+def _keep_more_if_exact_peak_allows(
+    profile: StepProfile, kept: set[str], values: Sequence[float], budget_bytes: int
+) -> set[str]:
+    """Checkpointed modules that can be kept anyway under the exact prediction, most valuable first."""
+    names = [m.name for m in profile.modules]
+    order = sorted((i for i, n in enumerate(names) if n not in kept), key=lambda i: (-values[i], i))
+    extra: set[str] = set()
+    for i in order:
+        trial = kept | extra | {names[i]}
+        if predict_peak_bytes(profile, [n for n in names if n not in trial]) <= budget_bytes:
+            extra.add(names[i])
+    return extra
 
 
 def _plan_item(module_profile) -> PlanItem:
