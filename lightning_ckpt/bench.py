@@ -58,24 +58,25 @@ class _Method:
     """How a method is called and costed: ``dense`` methods do O(n*W) work, the others O(n)-ish."""
 
     name: str
-    needs: str  # "solver", "torch" or "scipy"
+    needs: tuple[str, ...]  # modules it imports
     exact: bool
     dense: bool
     table_bytes_per_cell: int  # 0 for O(W) methods
     prior_seconds_per_cost: float  # time estimate before anything was measured
 
 
+_OURS, _TORCH, _SCIPY = ("lightning_ckpt.solver",), ("torch",), ("scipy", "lightning_ckpt.solver")
 METHODS = {
     m.name: m
     for m in (
-        _Method("hirschberg", "solver", True, True, 0, 1e-9),
-        _Method("hirschberg-w2", "solver", True, True, 0, 1e-9),
-        _Method("auto", "solver", True, True, 0, 1e-9),
-        _Method("dp", "solver", True, True, 8, 1e-9),
-        _Method("torch-dp", "torch", True, True, 4, 2e-9),
-        _Method("torch-sliding", "torch", True, True, 0, 2e-9),
-        _Method("greedy", "solver", False, False, 0, 1e-6),
-        _Method("ilp", "scipy", True, False, 0, 1e-3),
+        _Method("hirschberg", _OURS, True, True, 0, 1e-9),
+        _Method("hirschberg-w2", _OURS, True, True, 0, 1e-9),
+        _Method("auto", _OURS, True, True, 0, 1e-9),
+        _Method("dp", _OURS, True, True, 8, 1e-9),  # float64 table
+        _Method("torch-dp", _TORCH, True, True, 4, 2e-9),  # float32 table
+        _Method("torch-sliding", _TORCH, True, True, 0, 2e-9),
+        _Method("greedy", _OURS, False, False, 0, 1e-6),
+        _Method("ilp", _SCIPY, True, False, 0, 1e-3),
     )
 }
 _OUR_CALLS = {
@@ -307,7 +308,6 @@ class _Runner:
             env=env,
             start_new_session=True,
         )
-        self.first_call_s: float | None = None
 
     def call(self, instance: KnapsackInstance, kill_after_s: float, repeat_budget_s: float = 0.0) -> dict:
         """Run the method on ``instance``; a result dict (see ``_timed_calls``) with ``peak_bytes``."""
@@ -362,8 +362,10 @@ class _Runner:
 
     def close(self, wait: bool = True) -> None:
         """Ask the runner to exit (end of its input); with ``wait``, kill it if it has not within 10 s."""
-        if self.alive() and not self.process.stdin.closed:
+        try:
             self.process.stdin.close()
+        except OSError:  # the runner is gone already (killed, or it crashed)
+            pass
         if wait:
             try:
                 self.process.wait(timeout=10)
@@ -509,16 +511,14 @@ def _gigabytes(size_bytes: float) -> str:
     return f"{size_bytes / 1e9:.3g} GB"
 
 
-_DEPENDENCY_CACHE: dict[str, str] = {}
+_DEPENDENCY_CACHE: dict[tuple[str, ...], str] = {}
 
 
 def _missing_dependency(method: str) -> str:
     """Why ``method`` cannot run here (``"n/a (...)"``), or ``""`` when it can."""
     needs = METHODS[method].needs
     if needs not in _DEPENDENCY_CACHE:
-        modules = {"torch": ["torch"], "scipy": ["scipy", "lightning_ckpt.solver"]}.get(needs, [])
-        modules = modules or ["lightning_ckpt.solver"]
-        absent = [m for m in modules if not _importable(m)]
+        absent = [m for m in needs if not _importable(m)]
         _DEPENDENCY_CACHE[needs] = f"n/a ({' and '.join(absent)} not installed)" if absent else ""
     return _DEPENDENCY_CACHE[needs]
 
