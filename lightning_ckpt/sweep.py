@@ -1,7 +1,7 @@
 """``lightning-ckpt sweep``: AutoCheckpoint at several budgets against the policies users pick by hand.
 
 Builds the model and data from a LightningCLI YAML config (the same one ``python -m examples.train fit``
-reads) and trains a few steps, from the same initial weights on the same batches, with each policy:
+reads) and compares, from the same seeded weights on the same batches:
 
 - ``none``: no checkpointing;
 - ``all``: every candidate block checkpointed (what Lightning's FSDP policy and HF's gradient
@@ -10,13 +10,17 @@ reads) and trains a few steps, from the same initial weights on the same batches
 - ``auto@<budget>``: :class:`~lightning_ckpt.AutoCheckpoint` at each budget (default: spread between the
   measured peaks of ``all`` and ``none``).
 
-Per policy: the measured peak bytes of one whole training step (forward, backward, optimizer step; see
-:class:`~lightning_ckpt.memory.track_peak_bytes`, measured on a step of its own because the CPU counter
-slows the step down), the median step time over the timed steps of every round (in one process, hand and
-AutoCheckpoint runs interleaved, the order rotating each round, so slow drifts of a busy machine hit all
-policies alike), and the final loss (the same
-for every policy: checkpointing does not change the arithmetic). Per budget: the fastest hand policy
-whose measured peak fits, and AutoCheckpoint's time ratio against it.
+Memory: one short training run per policy (AutoCheckpoint's through the real callback, which profiles,
+plans and wraps on the first step); the peak of its last whole training step (forward, backward,
+optimizer step) is measured by :class:`~lightning_ckpt.memory.track_peak_bytes`, and its loss is kept
+(the same for every policy: checkpointing does not change the arithmetic).
+
+Time: one more training run that switches the checkpointed blocks before every step, cycling through
+the policies (AutoCheckpoint's as its plan chose them, wrapped the same way the callback wraps them),
+the order rotating each round; the step time is the median over a policy's steps. Interleaving step by
+step makes slow drifts of a busy machine hit every policy alike.
+
+Per budget: the fastest hand policy whose measured peak fits, and AutoCheckpoint's time ratio against it.
 
 Example (a tiny model, from the command line)::
 
@@ -37,7 +41,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import lightning as L
@@ -45,8 +49,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
+from lightning_ckpt.callback import AutoCheckpoint
 from lightning_ckpt.candidates import find_candidates
 from lightning_ckpt.memory import track_peak_bytes
+from lightning_ckpt.planner import BudgetTooSmallError
 from lightning_ckpt.run_config import RunConfig, load_run_config
 from lightning_ckpt.wrapping import apply_checkpointing, remove_checkpointing
 
@@ -56,20 +62,21 @@ _GB = 1e9
 _MB = 1e6
 NOISE = 0.05  # "no slower than the best fitting hand policy" allows this relative noise
 HAND_POLICIES = ("none", "all", "every-other")
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 @dataclass
 class PolicyResult:
-    """What one policy measured, merged over rounds.
+    """What one policy measured.
 
     Attributes:
         policy: ``"none"``, ``"all"``, ``"every-other"`` or ``"auto@<budget_gb>"``.
         budget_gb: AutoCheckpoint's budget (``None`` for hand policies).
-        checkpointed: the modules checkpointed (AutoCheckpoint's plan, in the last round).
-        measured_peak_bytes: the largest measured peak of one training step over the rounds.
+        checkpointed: the modules checkpointed (for AutoCheckpoint, its plan).
+        measured_peak_bytes: the measured peak of one whole training step.
         predicted_peak_bytes: AutoCheckpoint's prediction (``None`` for hand policies).
-        step_seconds: every timed step of every round.
-        final_loss: training loss of the last step.
+        step_seconds: every timed step of the interleaved timing run.
+        final_loss: training loss of the memory run's last step.
         error: why the policy could not run (e.g. a budget below what checkpointing everything needs).
     """
 
@@ -119,25 +126,19 @@ class SweepSetup:
     run: RunConfig
     candidates: tuple[str, ...]
     batches: tuple[Any, ...]
-    warmup_steps: int
-    timed_steps: int
+    warmup_steps: int  # steps before the measured one (AutoCheckpoint plans, measures, may re-plan)
+    timed_steps: int  # timed steps per policy per round
     seed: int
-
-    @property
-    def total_steps(self) -> int:
-        return self.warmup_steps + self.timed_steps + 1  # the last step is the measured one
+    clock: str = "wall"  # "wall" (perf_counter) or "cpu" (this process's CPU time: steadier on a busy CPU)
 
 
-class _StepRecorder(Callback):
-    """Times the timed steps, measures the peak of the last step, and keeps the last loss."""
+class _PeakRecorder(Callback):
+    """Measures the peak of one whole training step (the last) and keeps the last loss."""
 
-    def __init__(self, warmup_steps: int, timed_steps: int) -> None:
-        self.timed = range(warmup_steps, warmup_steps + timed_steps)
-        self.measure_step = warmup_steps + timed_steps
-        self.step_seconds: list[float] = []
+    def __init__(self, measure_step: int) -> None:
+        self.measure_step = measure_step
         self.peak_bytes = 0
         self.loss = math.nan
-        self._start = 0.0
         self._meter: track_peak_bytes | None = None
 
     def on_train_batch_start(
@@ -148,9 +149,6 @@ class _StepRecorder(Callback):
             pl_module.zero_grad(set_to_none=True)  # the old gradients would count twice: baseline + new
             self._meter = track_peak_bytes(trainer.strategy.root_device, model=pl_module, optimizer=optimizer)
             self._meter.__enter__()
-        elif batch_idx in self.timed:
-            _synchronize(trainer.strategy.root_device)
-            self._start = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -158,11 +156,43 @@ class _StepRecorder(Callback):
         if self._meter is not None:
             self._meter.__exit__(None, None, None)
             self.peak_bytes, self._meter = int(self._meter.peak_bytes), None
-        elif batch_idx in self.timed:
-            _synchronize(trainer.strategy.root_device)
-            self.step_seconds.append(time.perf_counter() - self._start)
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self.loss = float(loss) if loss is not None else math.nan
+
+
+class _Interleaver(Callback):
+    """Switches the checkpointed blocks before every step as ``schedule`` says, and times each step."""
+
+    def __init__(
+        self, blocks: dict[str, tuple[str, ...]], schedule: Sequence[str | None], clock: str
+    ) -> None:
+        self.blocks = blocks
+        self.schedule = list(schedule)  # a policy name per step; None: an untimed warm-up step
+        self.clock = CLOCKS[clock]
+        self.step_seconds: dict[str, list[float]] = {name: [] for name in blocks}
+        self._current: str | None = None
+        self._start = 0.0
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ):
+        name = self.schedule[batch_idx]
+        if name != self._current:
+            remove_checkpointing(pl_module)
+            apply_checkpointing(pl_module, self.blocks.get(name, ()))
+            self._current = name
+        _synchronize(trainer.strategy.root_device)
+        self._start = self.clock()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ):
+        _synchronize(trainer.strategy.root_device)
+        if self.schedule[batch_idx] is not None:
+            self.step_seconds[self.schedule[batch_idx]].append(self.clock() - self._start)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        remove_checkpointing(pl_module)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -177,6 +207,7 @@ def make_setup(
     warmup_steps: int = 3,
     timed_steps: int = 5,
     seed: int = 1337,
+    clock: str = "wall",
 ) -> SweepSetup:
     """Parse the config, find the candidate blocks, and draw the batches every run will train on."""
     with warnings.catch_warnings():  # LightningCLI warns that sys.argv is not what it parses: intended
@@ -189,10 +220,9 @@ def make_setup(
     targets = (run.autocheckpoint or {}).get("targets")
     data = run.data.instantiate()
     data.setup("fit")
-    batches = _first_batches(data, warmup_steps + timed_steps + 1)
-    return SweepSetup(
-        run, tuple(find_candidates(model, targets)), tuple(batches), warmup_steps, timed_steps, seed
-    )
+    batches = _first_batches(data, warmup_steps + 1)
+    candidates = tuple(find_candidates(model, targets))
+    return SweepSetup(run, candidates, tuple(batches), warmup_steps, timed_steps, seed, clock)
 
 
 def _first_batches(data: L.LightningDataModule, count: int) -> list[Any]:
@@ -220,22 +250,22 @@ def hand_policy_blocks(policy: str, candidates: Sequence[str]) -> list[str]:
 
 
 def run_policy(setup: SweepSetup, policy: str, budget_gb: float | None = None) -> PolicyResult:
-    """Train ``setup.total_steps`` steps from the seeded initial weights with one policy."""
-    from lightning_ckpt.callback import AutoCheckpoint
-    from lightning_ckpt.planner import BudgetTooSmallError
+    """Train ``warmup_steps + 1`` steps from the seeded weights with one policy; measure the last step.
 
+    A hand policy wraps its blocks before training; ``budget_gb`` runs the real AutoCheckpoint callback
+    (it profiles, plans and wraps on the first step).
+    """
     L.seed_everything(setup.seed, verbose=False)
     model = setup.run.model.instantiate()
-    recorder = _StepRecorder(setup.warmup_steps, setup.timed_steps)
+    recorder = _PeakRecorder(measure_step=setup.warmup_steps)
     callbacks: list[Callback] = [recorder]
     result = PolicyResult(policy, budget_gb)
     if budget_gb is None:
         result.checkpointed = tuple(apply_checkpointing(model, hand_policy_blocks(policy, setup.candidates)))
     else:
-        arguments = {**(setup.run.autocheckpoint or {}), "budget_gb": budget_gb}
-        callbacks.insert(0, AutoCheckpoint(**arguments))  # plans before the recorder starts the clock
+        callbacks.insert(0, AutoCheckpoint(**{**(setup.run.autocheckpoint or {}), "budget_gb": budget_gb}))
     try:
-        _trainer(setup, callbacks).fit(model, train_dataloaders=DataLoader(setup.batches, batch_size=None))
+        _fit(setup, model, callbacks, setup.batches)
     except BudgetTooSmallError as error:
         result.error = str(error)
         return result
@@ -244,18 +274,39 @@ def run_policy(setup: SweepSetup, policy: str, budget_gb: float | None = None) -
     if budget_gb is not None:
         plan = callbacks[0].plan
         result.checkpointed, result.predicted_peak_bytes = tuple(plan.checkpointed), plan.predicted_peak_bytes
-    result.measured_peak_bytes, result.step_seconds = recorder.peak_bytes, recorder.step_seconds
-    result.final_loss = recorder.loss
+    result.measured_peak_bytes, result.final_loss = recorder.peak_bytes, recorder.loss
     return result
 
 
-def _trainer(setup: SweepSetup, callbacks: list[Callback]) -> L.Trainer:
+def time_policies(
+    setup: SweepSetup, blocks: dict[str, tuple[str, ...]], rounds: int
+) -> dict[str, list[float]]:
+    """Step times of every policy in one training run, switching policy every step.
+
+    Each round takes ``timed_steps`` turns through the policies, starting one policy later than the round
+    before, after ``warmup_steps`` untimed steps; so slow drifts of a busy machine hit all policies alike.
+    """
+    order = list(blocks)
+    schedule: list[str | None] = [None] * setup.warmup_steps
+    for round_index in range(rounds):
+        shift = round_index % len(order)
+        schedule += (order[shift:] + order[:shift]) * setup.timed_steps
+    interleaver = _Interleaver(blocks, schedule, setup.clock)
+    L.seed_everything(setup.seed, verbose=False)
+    batches = [setup.batches[i % len(setup.batches)] for i in range(len(schedule))]
+    _fit(setup, setup.run.model.instantiate(), [interleaver], batches)
+    return interleaver.step_seconds
+
+
+def _fit(
+    setup: SweepSetup, model: L.LightningModule, callbacks: list[Callback], batches: Sequence[Any]
+) -> None:
     settings = setup.run.trainer
-    return L.Trainer(
+    trainer = L.Trainer(
         accelerator=settings.get("accelerator") or "auto",
         devices=1,
         precision=settings.get("precision"),
-        max_steps=setup.total_steps,
+        max_steps=len(batches),
         max_epochs=-1,
         limit_val_batches=0,
         num_sanity_val_steps=0,
@@ -265,6 +316,7 @@ def _trainer(setup: SweepSetup, callbacks: list[Callback]) -> L.Trainer:
         enable_model_summary=False,
         callbacks=callbacks,
     )
+    trainer.fit(model, train_dataloaders=DataLoader(list(batches), batch_size=None))
 
 
 def default_budgets_gb(all_peak_bytes: int, none_peak_bytes: int, count: int) -> list[float]:
@@ -280,45 +332,29 @@ def default_budgets_gb(all_peak_bytes: int, none_peak_bytes: int, count: int) ->
     return [round((all_peak_bytes + span_bytes * (i + 1) / (count + 1)) / _GB, 6) for i in range(count)]
 
 
-def _merge(into: PolicyResult | None, new: PolicyResult) -> PolicyResult:
-    """Pool the timed steps of two rounds; keep the larger peak and the latest plan and loss."""
-    if into is None:
-        return new
-    new.step_seconds = into.step_seconds + new.step_seconds
-    new.measured_peak_bytes = max(into.measured_peak_bytes, new.measured_peak_bytes)
-    new.error = new.error or into.error
-    return new
-
-
 def run_sweep(
     setup: SweepSetup, budgets_gb: Sequence[float] | None, num_budgets: int, rounds: int
 ) -> list[PolicyResult]:
-    """Every policy ``rounds`` times, hand and AutoCheckpoint runs interleaved, the order turning each round.
+    """Memory runs (hand policies, then AutoCheckpoint at each budget), then one interleaved timing run.
 
-    Without ``budgets_gb``, a short probe (one measured step per hand policy) sets the budgets first.
+    Without ``budgets_gb``, the budgets are spread between the measured peaks of ``all`` and ``none``.
     """
+    results = {policy: run_policy(setup, policy) for policy in HAND_POLICIES}
     if budgets_gb is None:
-        budgets_gb = probe_budgets_gb(setup, num_budgets)
+        peaks = [results[policy].measured_peak_bytes for policy in ("all", "none")]
+        budgets_gb = default_budgets_gb(*peaks, num_budgets)
+    for budget_gb in budgets_gb:
+        results[_auto_name(budget_gb)] = run_policy(setup, _auto_name(budget_gb), budget_gb)
+        log.info("sweep: %s planned and measured", _auto_name(budget_gb))
     order = interleaved_order(list(HAND_POLICIES), [_auto_name(b) for b in budgets_gb])
-    budget_of = dict.fromkeys(HAND_POLICIES) | {_auto_name(b): b for b in budgets_gb}
-    results: dict[str, PolicyResult] = {}
-    for round_index in range(rounds):
-        shift = round_index % len(order)
-        for name in order[shift:] + order[:shift]:
-            results[name] = _merge(results.get(name), run_policy(setup, name, budget_of[name]))
-            log.info("sweep round %d: %s done", round_index, name)
-    return [results[name] for name in budget_of]
-
-
-def probe_budgets_gb(setup: SweepSetup, count: int) -> list[float]:
-    """Measure the ``all`` and ``none`` peaks on one step after one warm-up, and spread budgets between."""
-    probe = replace(setup, warmup_steps=1, timed_steps=0)
-    peaks = {policy: run_policy(probe, policy).measured_peak_bytes for policy in ("all", "none")}
-    return default_budgets_gb(peaks["all"], peaks["none"], count)
+    blocks = {name: results[name].checkpointed for name in order if results[name].error is None}
+    for name, step_seconds in time_policies(setup, blocks, rounds).items():
+        results[name].step_seconds = step_seconds
+    return list(results.values())
 
 
 def interleaved_order(hands: list[str], autos: list[str]) -> list[str]:
-    """Alternate hand and AutoCheckpoint runs, so that slow drifts of the machine hit both alike.
+    """Alternate hand and AutoCheckpoint policies.
 
     Example:
         >>> interleaved_order(["none", "all", "every-other"], ["a1", "a2", "a3", "a4"])
@@ -418,7 +454,12 @@ def _quiet_lightning() -> Iterator[None]:
     for logger in loggers:
         logger.setLevel(logging.WARNING)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*no `val_dataloader`")  # the sweep only trains
+            warnings.filterwarnings(
+                "ignore", message=".*isinstance\\(treespec, LeafSpec\\)"
+            )  # lightning on torch 2.13
+            yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
@@ -452,10 +493,11 @@ def _header(setup: SweepSetup, rounds: int) -> str:
     device = machine["cuda"] or f"{machine['processor']} CPU, {machine['torch_threads']} torch threads"
     return (
         f"# {device}; torch {machine['torch']}; {len(setup.candidates)} candidate blocks\n"
-        f"# each run: {setup.warmup_steps} warm-up steps, {setup.timed_steps} timed steps, 1 measured step; "
-        f"{rounds} round(s), policies interleaved, order rotating\n"
+        f"# memory: 1 run per policy, peak of step {setup.warmup_steps + 1}; time: 1 run switching policy "
+        f"every step, {rounds} round(s) x {setup.timed_steps} steps per policy, order rotating\n"
         "# peak_MB: measured peak of one whole training step (parameters, gradients, optimizer state, "
-        "activations); pred_MB: AutoCheckpoint's prediction; step_ms: median timed step"
+        "activations); pred_MB: AutoCheckpoint's prediction; "
+        f"step_ms: median timed step ({setup.clock} clock); loss: training loss of the last step"
     )
 
 
@@ -476,15 +518,27 @@ def _parser() -> argparse.ArgumentParser:
         default=4,
         help="budgets spread between the all-checkpointed and no-checkpointing peaks (default 4)",
     )
-    parser.add_argument("--steps", type=_positive_int, default=5, help="timed steps per run (default 5)")
+    parser.add_argument(
+        "--steps", type=_positive_int, default=5, help="timed steps per policy per round (default 5)"
+    )
     parser.add_argument(
         "--warmup",
         type=_warmup_steps,
         default=3,
-        help="untimed steps first, at least 3: AutoCheckpoint plans on the first and measures (and may "
-        "re-plan) on the next two (default 3)",
+        help="steps before the measured one (and untimed steps before timing), at least 3: "
+        "AutoCheckpoint plans on the first and measures (and may re-plan) on the next two (default 3)",
     )
-    parser.add_argument("--rounds", type=_positive_int, default=3, help="times each policy runs (default 3)")
+    parser.add_argument(
+        "--rounds", type=_positive_int, default=3, help="turns through all policies (default 3)"
+    )
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="step time as wall-clock time (default) or this process's CPU time (steadier when other jobs "
+        "share the CPU; use with --threads 1)",
+    )
+    parser.add_argument("--threads", type=_positive_int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=1337, help="seed for weights and data (default 1337)")
     parser.add_argument("--plot", help="write the step time vs peak memory plot (PNG) here")
     parser.add_argument("--json", help="write every figure as JSON here")
@@ -519,8 +573,15 @@ def main(argv: list[str] | None = None) -> int:
         args, overrides = parser.parse_known_args(argv)
     except SystemExit as exit_request:
         return int(exit_request.code or 0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     setup = make_setup(
-        args.config, overrides, warmup_steps=args.warmup, timed_steps=args.steps, seed=args.seed
+        args.config,
+        overrides,
+        warmup_steps=args.warmup,
+        timed_steps=args.steps,
+        seed=args.seed,
+        clock=args.clock,
     )
     with _quiet_lightning():
         results = run_sweep(setup, args.budgets_gb, args.num_budgets, args.rounds)
