@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import platform
+import statistics
 import sys
 import time
 import warnings
@@ -97,7 +98,7 @@ class PolicyResult:
             >>> PolicyResult("none", None, step_seconds=[0.3, 0.1, 0.2]).median_step_seconds
             0.2
         """
-        return float(torch.tensor(self.step_seconds).median()) if self.step_seconds else math.nan
+        return statistics.median(self.step_seconds) if self.step_seconds else math.nan
 
     def fits(self, budget_gb: float) -> bool:
         """Whether the measured peak is within ``budget_gb`` (and the policy ran)."""
