@@ -94,11 +94,20 @@ class StepProfile:
     storages: tuple[SavedStorage, ...] = ()
     """Storage-level timeline; empty in hand-made profiles (the memory model then uses the totals)."""
     phases: tuple[BackwardPhase, ...] = ()
+    strategy_bytes: int = 0
+    """Memory the distributed strategy holds per device besides the above (DDP gradient buckets, FSDP's
+    gathered units); 0 from :func:`profile_step`, set by :mod:`lightning_ckpt.static_memory` users."""
 
     @property
     def static_bytes(self) -> int:
-        """Parameters, gradients, optimizer state and buffers."""
-        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.buffer_bytes
+        """Parameters, gradients, optimizer state, buffers and the strategy's own buffers."""
+        return (
+            self.param_bytes
+            + self.grad_bytes
+            + self.optimizer_bytes
+            + self.buffer_bytes
+            + self.strategy_bytes
+        )
 
     def module(self, name: str) -> ModuleProfile:
         """The profile of candidate ``name``."""

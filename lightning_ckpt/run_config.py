@@ -8,6 +8,7 @@ command-line overrides (``--trainer.devices 8``) mean exactly what they mean for
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,31 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
+        return self.devices_per_node * int(self.trainer.get("num_nodes") or 1)
+
+    @property
+    def devices_per_node(self) -> int:
+        """Devices on each node (``"auto"`` and other non-numbers count as 1)."""
         devices = self.trainer.get("devices", 1)
-        per_node = len(devices) if isinstance(devices, (list, tuple)) else _int_or_one(devices)
-        return per_node * int(self.trainer.get("num_nodes") or 1)
+        return len(devices) if isinstance(devices, (list, tuple)) else _int_or_one(devices)
+
+    @property
+    def precision(self) -> str:
+        """Lightning's precision setting in its unified form: ``"32-true"``, ``"bf16-mixed"``, ...
+
+        Example:
+            >>> RunConfig(ClassSpec("m.M"), None, {"precision": 32}, None).precision
+            '32-true'
+        """
+        from lightning.fabric.connector import _convert_precision_to_unified_args
+
+        return str(_convert_precision_to_unified_args(self.trainer.get("precision") or "32-true"))
+
+    @property
+    def strategy_args(self) -> dict[str, Any]:
+        """The strategy's ``init_args`` when it is given as a class (``{}`` for a name like ``"ddp"``)."""
+        strategy = self.trainer.get("strategy")
+        return dict(strategy.init_args) if isinstance(strategy, ClassSpec) else {}
 
     @property
     def strategy_name(self) -> str:
@@ -71,15 +94,17 @@ def load_run_config(config_path: str | Path, overrides: list[str] | None = None)
     """
     if not Path(config_path).is_file():
         raise ValueError(f"`config` must name an existing YAML file, got {str(config_path)!r}")
-    cli = _ParseOnlyCLI(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        run=False,
-        save_config_callback=None,
-        args=["--config", str(config_path), *(overrides or [])],
-    )
+    with warnings.catch_warnings():  # LightningCLI warns that sys.argv is not what it parses: intended
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        cli = _ParseOnlyCLI(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            run=False,
+            save_config_callback=None,
+            args=["--config", str(config_path), *(overrides or [])],
+        )
     config = cli.config.as_dict()
     if not config.get("model"):
         raise ValueError(f"the config {str(config_path)!r} must name a `model` with a class_path")
