@@ -135,15 +135,17 @@ def test_runner_is_killed_at_its_time_limit() -> None:
 
 
 def test_skip_rules_refuse_large_tables_and_skip_slow_runs_without_running_them() -> None:
-    paper = make_instance("A", 2000, 140_000_000)
-    report = run_grid(
-        ["B"], [10], [100], ["torch-sliding"], options=BenchOptions(max_seconds=1e-12, progress=False)
-    )
-    report_paper = run_jobs([(paper, ["torch-dp"])], BenchOptions(max_memory_gb=4.0, progress=False))
-    (slow,), (refused,) = report.rows, report_paper.rows
+    options = BenchOptions(max_seconds=1e-12, max_memory_gb=4.0, progress=False)
+    report = run_grid(["B"], [10], [100], ["torch-dp", "torch-sliding", "ilp"], options=options, paper=True)
+    rows = {(r.capacity, r.method): r for r in report.rows}
+    assert sorted({r.capacity for r in report.rows}) == [100, 140_000_000, 380_000_000]
+    assert {r.n for r in report.rows if r.capacity > 100} == {2000}
+    slow = rows[100, "torch-sliding"]
     assert slow.status == "skipped" and slow.note.startswith("skipped (est.") and slow.estimated_time_s > 0
+    refused = rows[140_000_000, "torch-dp"]
     assert refused.status == "refused" and refused.note == "refused: table needs 1.12e+03 GB > 4 GB"
-    assert report.first_call_s == {} and report_paper.first_call_s == {}  # no runner was started
+    assert (100, "ilp") in rows and (140_000_000, "ilp") not in rows  # paper sizes: O(W) methods only
+    assert report.first_call_s == {}  # no runner was started
 
 
 def test_score_fills_gap_speedup_and_rate() -> None:
