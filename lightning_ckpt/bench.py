@@ -577,7 +577,7 @@ def run_grid(
     """Run ``methods`` on every instance of the grid (smallest first, so time estimates are measured).
 
     Args:
-        families: instance families, see ``lightning_ckpt.instances``.
+        families: instance families, see ``lightning_ckpt.solver.instances``.
         ns: item counts.
         capacities: capacities ``W``.
         methods: names from ``METHODS``, shown in this order for each instance.
@@ -937,10 +937,13 @@ def _parser() -> argparse.ArgumentParser:
         "--max-seconds",
         type=float,
         default=None,
-        help="skip runs estimated longer (5; 120 --paper; 600 --targets)",
+        help="skip runs estimated longer than this (3; 120 with --paper; 600 with --targets)",
     )
     parser.add_argument(
-        "--max-memory-gb", type=float, default=None, help="refuse larger DP tables (1/4 of free)"
+        "--max-memory-gb",
+        type=float,
+        default=None,
+        help="refuse full DP tables above this (default: 1/4 of the available memory)",
     )
     parser.add_argument("--plot", default=None, help="write a time-vs-n*W plot (png)")
     parser.add_argument("--json", default=None, help="write every row as JSON")
@@ -950,7 +953,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _positive_int(text: str) -> int:
-    """``"1e6"`` -> 1000000; argparse shows the ValueError's message."""
+    """``"1e6"`` -> 1000000, for ``--n`` and ``--W``."""
     number = float(text)
     if not number.is_integer() or number < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer (1e6 allowed), got {text!r}")
@@ -970,7 +973,14 @@ def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the table (and target verdicts) on stdout. Returns 1 if a target missed."""
+    """``lightning-ckpt bench``: print the table (and the target verdicts) on stdout.
+
+    Args:
+        argv: the command's arguments (``--help`` lists them).
+
+    Returns:
+        0; 1 if a ``--targets`` target was missed; 2 for bad arguments.
+    """
     parser = _parser()
     try:
         args = parser.parse_args(argv)
