@@ -7,6 +7,7 @@ command-line overrides (``--trainer.devices 8``) mean exactly what they mean for
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import warnings
 from dataclasses import dataclass, field
@@ -90,24 +91,11 @@ def load_run_config(config_path: str | Path, overrides: list[str] | None = None)
     """Parse a LightningCLI YAML config (plus ``--key value`` overrides) into a :class:`RunConfig`.
 
     Raises:
-        ValueError: if the file does not exist or names no model.
+        ValueError: if the file does not exist or does not parse (LightningCLI needs ``model`` and ``data``).
     """
     if not Path(config_path).is_file():
         raise ValueError(f"`config` must name an existing YAML file, got {str(config_path)!r}")
-    with warnings.catch_warnings():  # LightningCLI warns that sys.argv is not what it parses: intended
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        cli = _ParseOnlyCLI(
-            L.LightningModule,
-            L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            run=False,
-            save_config_callback=None,
-            args=["--config", str(config_path), *(overrides or [])],
-        )
-    config = cli.config.as_dict()
-    if not config.get("model"):
-        raise ValueError(f"the config {str(config_path)!r} must name a `model` with a class_path")
+    config = _parse(str(config_path), list(overrides or []))
     trainer = {key: _spec_or_value(value) for key, value in (config.get("trainer") or {}).items()}
     return RunConfig(
         model=_spec(config["model"]),
@@ -115,6 +103,28 @@ def load_run_config(config_path: str | Path, overrides: list[str] | None = None)
         trainer=trainer,
         autocheckpoint=_autocheckpoint_args(trainer.get("callbacks")),
     )
+
+
+def _parse(config_path: str, overrides: list[str]) -> dict[str, Any]:
+    """LightningCLI's parse of the config as plain data; its errors become ``ValueError`` (no exit)."""
+    with warnings.catch_warnings():  # LightningCLI warns that sys.argv is not what it parses: intended
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        try:
+            cli = _ParseOnlyCLI(
+                L.LightningModule,
+                L.LightningDataModule,
+                subclass_mode_model=True,
+                subclass_mode_data=True,
+                run=False,
+                save_config_callback=None,
+                args=["--config", config_path, *overrides],
+                parser_kwargs={"exit_on_error": False},
+            )
+        except argparse.ArgumentError as error:
+            raise ValueError(
+                f"the config {config_path!r} (with overrides {overrides}) does not parse: {error}"
+            ) from None
+    return cli.config.as_dict()
 
 
 def _spec(entry: dict[str, Any]) -> ClassSpec:
