@@ -326,7 +326,7 @@ def _fake_profile(run: RunConfig, targets: Sequence[str] | None, batch: Any) -> 
         fake_batch = tree_map_only(torch.Tensor, mode.from_tensor, batch)
         optimizer = _configured_optimizer(model)
         profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer)
-    static = _static_memory(run, model, profile, optimizer, master_dtype, compute_dtype)
+    static = _static_memory(run, _FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
     fields = ("param_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes", "strategy_bytes")
     return _Profiled(
         profile=dataclasses.replace(profile, **{name: getattr(static, name) for name in fields}),
@@ -389,23 +389,28 @@ def _first_optimizer(configured: Any) -> torch.optim.Optimizer | None:
     return None
 
 
-def _static_memory(
-    run: RunConfig,
-    model: torch.nn.Module,
-    profile: StepProfile,
-    optimizer: Any,
-    master_dtype: torch.dtype,
-    compute_dtype: torch.dtype,
-) -> StaticMemory:
-    name = run.strategy_name
+@dataclass(frozen=True)
+class _FakeModel:
+    """The fake model with its profile and what static memory needs to know about its dtypes."""
+
+    model: torch.nn.Module
+    profile: StepProfile
+    optimizer: Any
+    master_dtype: torch.dtype
+    """Dtype the optimizer's (sharded) parameters are kept in."""
+    compute_dtype: torch.dtype
+    """Dtype the forward sees parameters in (FSDP's gather dtype)."""
+
+
+def _static_memory(run: RunConfig, built: _FakeModel) -> StaticMemory:
     _check_strategy(run)
-    if name == "fsdp":
-        return _fsdp_memory(run, model, profile, optimizer, master_dtype, compute_dtype)
+    if run.strategy_name == "fsdp":
+        return _fsdp_memory(run, built)
+    profile = built.profile
     sizes = ModelSizes(profile.param_bytes, profile.grad_bytes, profile.optimizer_bytes, profile.buffer_bytes)
-    if name == "ddp":
-        return ddp_static(
-            sizes, gradient_as_bucket_view=bool(run.strategy_args.get("gradient_as_bucket_view"))
-        )
+    if run.strategy_name == "ddp":
+        bucket_view = bool(run.strategy_args.get("gradient_as_bucket_view"))
+        return ddp_static(sizes, gradient_as_bucket_view=bucket_view)
     return single_device_static(sizes)
 
 
@@ -419,31 +424,23 @@ def _check_strategy(run: RunConfig) -> None:
         )
 
 
-def _fsdp_memory(
-    run: RunConfig,
-    model: torch.nn.Module,
-    profile: StepProfile,
-    optimizer: Any,
-    master_dtype: torch.dtype,
-    compute_dtype: torch.dtype,
-) -> StaticMemory:
+def _fsdp_memory(run: RunConfig, built: _FakeModel) -> StaticMemory:
     """Sizes in the sharded (master) dtype, built from the fake model's shapes on the meta device."""
     args = run.strategy_args
-    params = list(model.parameters())
+    params = list(built.model.parameters())
     master = [
-        torch.empty(p.shape, dtype=master_dtype, device="meta", requires_grad=p.requires_grad) for p in params
+        torch.empty(p.shape, dtype=built.master_dtype, device="meta", requires_grad=p.requires_grad)
+        for p in params
     ]
     element_bytes = master[0].element_size() if master else 0
     sizes = ModelSizes(
         param_bytes=sum(p.numel() for p in params) * element_bytes,
         grad_bytes=sum(p.numel() for p in params if p.requires_grad) * element_bytes,
-        optimizer_bytes=estimate_optimizer_bytes(master, optimizer),
-        buffer_bytes=profile.buffer_bytes,
+        optimizer_bytes=estimate_optimizer_bytes(master, built.optimizer),
+        buffer_bytes=built.profile.buffer_bytes,
     )
-    sharding = getattr(args.get("sharding_strategy"), "name", None) or str(
-        args.get("sharding_strategy") or "FULL_SHARD"
-    )
-    sharding = sharding.upper()
+    given = args.get("sharding_strategy") or "FULL_SHARD"
+    sharding = str(getattr(given, "name", given)).upper()  # a ShardingStrategy member or its name
     shard_size = {
         "NO_SHARD": 1,
         "HYBRID_SHARD": run.devices_per_node,
@@ -451,9 +448,9 @@ def _fsdp_memory(
     }
     return fsdp_static(
         sizes,
-        fsdp_units(model, wrap_classes_of(args.get("auto_wrap_policy"))),
+        fsdp_units(built.model, wrap_classes_of(args.get("auto_wrap_policy"))),
         shard_size=shard_size.get(sharding, run.world_size),
-        gather_bytes_per_param=torch.empty((), dtype=compute_dtype, device="meta").element_size(),
+        gather_bytes_per_param=torch.empty((), dtype=built.compute_dtype, device="meta").element_size(),
         sharding=sharding,
     )
 
