@@ -41,7 +41,9 @@ def test_every_key_is_commented(path: Path) -> None:
     uncommented = [
         line
         for line, previous in zip(lines, ["", *lines[:-1]], strict=True)
-        if _KEY.match(line) and "#" not in line and not previous.strip().startswith("#")
+        if _KEY.match(line)
+        and " #" not in line
+        and not previous.strip().startswith("#")  # " #": YAML comment
     ]
     assert uncommented == []
 

@@ -89,8 +89,9 @@ def test_data_rejects_bad_arguments(call, message: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
-def test_cpu_config_trains_a_few_steps_with_autocheckpoint() -> None:
+def test_cpu_config_trains_a_few_steps_with_autocheckpoint(tmp_path: Path) -> None:
     overrides = [
+        f"--trainer.default_root_dir={tmp_path}",
         "--trainer.max_steps=4",
         "--trainer.limit_val_batches=1",
         "--trainer.enable_model_summary=false",
