@@ -487,7 +487,23 @@ def write_json(results: Sequence[PolicyResult], path: str, arguments: dict[str, 
         "verdicts": [asdict(v) | {"passed": v.passed} for v in verdicts(results)],
     }
     with open(path, "w") as handle:
-        json.dump(payload, handle, indent=1)
+        json.dump(_without_nan(payload), handle, indent=1)
+
+
+def _without_nan(value: Any) -> Any:
+    """``nan`` (no figure) as ``null``, so that strict JSON readers accept the file.
+
+    Example:
+        >>> _without_nan({"ratio": math.nan, "steps": [0.1, math.nan]})
+        {'ratio': None, 'steps': [0.1, None]}
+    """
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _without_nan(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_nan(item) for item in value]
+    return value
 
 
 def _header(setup: SweepSetup, rounds: int) -> str:
