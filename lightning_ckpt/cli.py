@@ -9,7 +9,10 @@ import sys
 _SUBCOMMANDS = {
     "bench": ("lightning_ckpt.bench", "Benchmark the knapsack solvers against PyTorch's."),
     "sweep": ("lightning_ckpt.sweep", "Budget sweep of the GPT example against hand-picked policies."),
-    "plan": ("lightning_ckpt.offline", "Plan a run from its YAML config on fake tensors, without the hardware."),
+    "plan": (
+        "lightning_ckpt.offline",
+        "Plan a run from its YAML config on fake tensors, without the hardware.",
+    ),
 }
 
 
