@@ -21,8 +21,6 @@ from lightning_ckpt.profiler import ModuleProfile, StepProfile, profile_step
 from lightning_ckpt.wrapping import apply_checkpointing, remove_checkpointing
 from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
-torch.set_num_threads(1)
-
 
 def _setup(
     batch_size: int = 8, seq_len: int = 128, targets=None, autocast: bool = False, device: str = "cpu"

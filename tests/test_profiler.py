@@ -13,7 +13,6 @@ from lightning_ckpt.profiler import StepProfile, profile_step
 from lightning_ckpt.wrapping import apply_checkpointing, checkpointed_names
 from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
-torch.set_num_threads(1)
 BLOCKS = ["transformer.h.0", "transformer.h.1"]
 F32 = 4
 

@@ -19,7 +19,6 @@ from lightning_ckpt.wrapping import (
 )
 from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
-torch.set_num_threads(1)
 BLOCKS = [f"transformer.h.{i}" for i in range(4)]
 
 
