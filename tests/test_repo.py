@@ -27,6 +27,8 @@ def test_readme_opens_with_exactly_two_commands():
 def test_ci_installs_torch_first_and_runs_the_readme_test_command():
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     commands = [line for line in ci_lines if line and not line.startswith("#")]
-    torch_line = next(i for i, line in enumerate(commands) if "pip install" in line and "torch==2.13.0" in line)
+    torch_line = next(
+        i for i, line in enumerate(commands) if "pip install" in line and "torch==2.13.0" in line
+    )
     test_line = commands.index(readme_commands()[1])
     assert torch_line < test_line
