@@ -134,7 +134,11 @@ class SweepSetup:
 
 
 class _PeakRecorder(Callback):
-    """Measures the peak of one whole training step (the last) and keeps the last loss."""
+    """Measures the peak of one whole training step (the last) and keeps the last loss.
+
+    Measured as AutoCheckpoint measures it: the previous step's gradients are alive on entry (Lightning
+    zeroes them after the forward), so they count, as they do in the real peak at the end of the forward.
+    """
 
     def __init__(self, measure_step: int) -> None:
         self.measure_step = measure_step
@@ -147,7 +151,6 @@ class _PeakRecorder(Callback):
     ):
         if batch_idx == self.measure_step:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
-            pl_module.zero_grad(set_to_none=True)  # the old gradients would count twice: baseline + new
             self._meter = track_peak_bytes(trainer.strategy.root_device, model=pl_module, optimizer=optimizer)
             self._meter.__enter__()
 
