@@ -17,11 +17,15 @@ from lightning_ckpt.bench import (
     BenchRow,
     KnapsackInstance,
     Target,
+    child,
     format_table,
+    harness,
     main,
     make_instance,
     run_grid,
     run_jobs,
+    runner,
+    targets,
 )
 
 QUIET = BenchOptions(max_seconds=60.0, progress=False)
@@ -112,26 +116,27 @@ def test_peak_memory_counts_torch_tables() -> None:
 
 
 def test_peak_memory_counts_numpy_arrays_in_process() -> None:
-    result = bench._timed_calls(lambda: np.ones(25_000_000)[:3].nonzero()[0], 0.0, 1)
+    result = child._timed_calls(lambda: np.ones(25_000_000)[:3].nonzero()[0], 0.0, 1)
     assert 0.95 * 200e6 < result["self_peak_bytes"] < 1.1 * 200e6
     assert result["chosen"] == [0, 1, 2] and result["repeats"] == 1
 
 
 def test_process_tree_is_found_and_measured() -> None:
     code = "import sys; print('ready', flush=True); sys.stdin.read()"
-    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        assert child.stdout.readline() == b"ready\n"
-        assert child.pid in bench._descendants(os.getpid())
-        assert bench._pss_bytes([child.pid]) > 1e6
+        assert process.stdout.readline() == b"ready\n"
+        assert process.pid in runner._descendants(os.getpid())
+        assert runner._pss_bytes([process.pid]) > 1e6
     finally:
-        child.communicate(b"")
+        process.communicate(b"")
 
 
 def test_runner_is_killed_at_its_time_limit() -> None:
-    runner = bench._Runner("torch-sliding", torch_threads=1)
-    result = runner.call(make_instance("A", 10, 100), kill_after_s=0.01)  # torch alone takes longer to import
-    assert result["status"] == "timeout" and not runner.alive()
+    started = runner._Runner("torch-sliding", torch_threads=1)
+    # torch alone takes longer to import than the time limit
+    result = started.call(make_instance("A", 10, 100), kill_after_s=0.01)
+    assert result["status"] == "timeout" and not started.alive()
 
 
 def test_skip_rules_refuse_large_tables_and_skip_slow_runs_without_running_them() -> None:
@@ -155,7 +160,7 @@ def test_score_fills_gap_speedup_and_rate() -> None:
         BenchRow("A", 10, 1000, "greedy", "ok", time_s=0.1, value=9.0, feasible=True),
         BenchRow("A", 10, 1000, "torch-sliding", "ok", time_s=2.0, value=11.0, feasible=False),
     ]
-    bench._score(rows, instance)
+    harness._score(rows, instance)
     assert [r.gap for r in rows] == [0.0, pytest.approx(0.1), pytest.approx(-0.1)]
     assert [r.speedup_vs_torch for r in rows] == [4.0, 20.0, 1.0]
     assert rows[0].gcells_per_s == pytest.approx(10 * 1000 / 0.5 / 1e9) and rows[1].gcells_per_s is None
@@ -166,8 +171,8 @@ def test_verdicts_pass_and_miss() -> None:
         BenchRow("A", 10, 100, "auto", "ok", time_s=0.1, value=5.0, feasible=True, gap=0.0, peak_bytes=4000),
         BenchRow("A", 10, 100, "torch-sliding", "ok", time_s=1.0, value=5.0, feasible=True, gap=0.0),
     ]
-    passed = bench._verdict(Target("issue 9", "A", 10, 100, "auto", "torch-sliding", 5.0), rows)
-    missed = bench._verdict(
+    passed = targets._verdict(Target("issue 9", "A", 10, 100, "auto", "torch-sliding", 5.0), rows)
+    missed = targets._verdict(
         Target("t", "A", 10, 100, "auto", "torch-sliding", 20.0, max_peak_bytes_per_unit=32), rows
     )
     assert passed["passed"] and "ratio 10x" in passed["measured"]
@@ -183,6 +188,6 @@ def test_main_rejects_unknown_names(capsys) -> None:
 def test_verdict_says_when_the_optimum_was_not_cross_checked() -> None:
     row = BenchRow("B", 10, 100, "hirschberg-w2", "ok", time_s=2.0, value=5.0, feasible=True, gap=0.0)
     row.gcells_per_s = 10 * 100 / 2.0 / 1e9
-    verdict = bench._verdict(Target("issue 3", "B", 10, 100, "hirschberg-w2", min_gcells_per_s=3.0), [row])
+    verdict = targets._verdict(Target("issue 3", "B", 10, 100, "hirschberg-w2", min_gcells_per_s=3.0), [row])
     assert "optimum not cross-checked" in verdict["measured"]
     assert verdict["misses"] == ["5e-07 Gcell/s < 3"]

@@ -1,0 +1,105 @@
+"""``lightning-ckpt bench`` arguments and ``main``: run the grid (or the targets), print, plot, write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lightning_ckpt.bench.harness import BenchOptions, run_grid, run_jobs
+from lightning_ckpt.bench.instances import DEFAULT_N, DEFAULT_W, FAMILIES
+from lightning_ckpt.bench.methods import METHODS
+from lightning_ckpt.bench.report import _footer, _header, format_table, write_json, write_plot
+from lightning_ckpt.bench.targets import _format_verdicts, _target_jobs, _targets, _verdict
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-ckpt bench",
+        description="Benchmark the knapsack solvers against PyTorch's, side by side on the same instances.",
+    )
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), help="instance families (A B C)")
+    parser.add_argument("--n", nargs="+", type=_positive_int, default=list(DEFAULT_N), help="item counts")
+    parser.add_argument(
+        "--W", nargs="+", type=_positive_int, default=list(DEFAULT_W), help="capacities (1e6 ok)"
+    )
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"among {' '.join(METHODS)}")
+    parser.add_argument("--seed", type=int, default=0, help="instance seed (default 0)")
+    parser.add_argument("--paper", action="store_true", help="add n=2000 at W=1.4e8 and 3.8e8, O(W) methods")
+    parser.add_argument("--targets", action="store_true", help="run the issue targets, print PASS/MISS")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="skip runs estimated longer than this (3; 120 with --paper; 600 with --targets)",
+    )
+    parser.add_argument(
+        "--max-memory-gb",
+        type=float,
+        default=None,
+        help="refuse full DP tables above this (default: 1/4 of the available memory)",
+    )
+    parser.add_argument("--plot", default=None, help="write a time-vs-n*W plot (png)")
+    parser.add_argument("--json", default=None, help="write every row as JSON")
+    parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (1; 0: default)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    """``"1e6"`` -> 1000000, for ``--n`` and ``--W``."""
+    number = float(text)
+    if not number.is_integer() or number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (1e6 allowed), got {text!r}")
+    return int(number)
+
+
+def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    args.families = [f for item in args.families for f in item.split(",") if f]
+    args.methods = [m for item in args.methods for m in item.split(",") if m]
+    for flag, names, allowed in (
+        ("--families", args.families, FAMILIES),
+        ("--methods", args.methods, METHODS),
+    ):
+        unknown = [name for name in names if name not in allowed]
+        if unknown:
+            parser.error(f"{flag} must be among {', '.join(allowed)}, got {', '.join(unknown)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``lightning-ckpt bench``: print the table (and the target verdicts) on stdout.
+
+    Args:
+        argv: the command's arguments (``--help`` lists them).
+
+    Returns:
+        0; 1 if a ``--targets`` target was missed; 2 for bad arguments.
+    """
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        _check_names(parser, args)
+    except SystemExit as exit_request:
+        return int(exit_request.code or 0)
+    default_seconds = 600.0 if args.targets else 120.0 if args.paper else 3.0
+    options = BenchOptions(
+        max_seconds=args.max_seconds or default_seconds,
+        max_memory_gb=args.max_memory_gb,
+        torch_threads=args.torch_threads,
+        progress=not args.no_progress,
+        repeat_budget_s=3.0 if args.targets else 0.25,  # targets: best of several calls, also for long ones
+    )
+    targets = _targets(args.paper) if args.targets else []
+    if targets:
+        report = run_jobs(_target_jobs(targets, args.seed), options)
+    else:
+        grid = (args.families, args.n, args.W, args.methods)
+        report = run_grid(*grid, seed=args.seed, options=options, paper=args.paper)
+    verdicts = [_verdict(t, report.rows) for t in targets]
+    sys.stdout.write("\n".join([_header(report), "", format_table(report.rows), "", _footer(report)]) + "\n")
+    if verdicts:
+        sys.stdout.write("\n" + _format_verdicts(verdicts) + "\n")
+    if args.plot:
+        write_plot(report.rows, args.plot)
+    if args.json:
+        write_json(report, args.json, vars(args), verdicts)
+    return 0 if all(v["passed"] for v in verdicts) else 1
