@@ -1,0 +1,170 @@
+"""The training step on fake tensors: a real batch, the model built fake, profiled as the callback does.
+
+The model is built under ``FakeTensorMode`` (shapes and dtypes only: no weight memory, no device) in the
+dtype the precision and strategy give its parameters, one real batch of the configured shape is taken
+from the data module and turned fake, and the step is profiled exactly as
+:class:`~lightning_ckpt.AutoCheckpoint` profiles it (the same ``training_loss_fn`` under Lightning's
+precision plugin, the same ``profile_step``), with the recompute cost counted in FLOPs.
+
+Why a real batch: it works for any data module (any batch structure, dtypes and shapes) without knowing
+its arguments; reading one batch costs far less than the profile. ``setup("fit")`` is called, not
+``prepare_data()`` (nothing is downloaded), and no DataLoader workers are started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves, tree_map_only
+from torch.utils.data import IterableDataset
+
+from lightning_ckpt.candidates import find_candidates
+from lightning_ckpt.lightning_step import training_loss_fn
+from lightning_ckpt.offline_static import _FakeModel, _param_dtypes, _static_memory
+from lightning_ckpt.profiler import StepProfile, profile_step
+from lightning_ckpt.run_config import ClassSpec, RunConfig
+from lightning_ckpt.static_memory import StaticMemory
+
+__all__ = ["first_batch", "precision_plugin", "profile_training_step"]
+
+log = logging.getLogger(__name__)
+
+
+def first_batch(data: ClassSpec) -> Any:
+    """One training batch of the data module: ``setup("fit")``, then the first batch, without workers.
+
+    Example:
+        >>> spec = ClassSpec("examples.data.CharDataModule", {"block_size": 8, "batch_size": 2, "max_chars": 1000})
+        >>> [tuple(t.shape) for t in first_batch(spec)]
+        [(2, 8), (2, 8)]
+    """
+    datamodule = data.instantiate()
+    datamodule.setup("fit")
+    with warnings.catch_warnings():  # a config's num_workers may exceed this machine's cores: none start
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        loader = datamodule.train_dataloader()
+        sampler = getattr(loader, "batch_sampler", None)
+        if sampler is None or isinstance(loader.dataset, IterableDataset):
+            return next(iter(loader))
+        return loader.collate_fn([loader.dataset[i] for i in next(iter(sampler))])
+
+
+def precision_plugin(precision: str) -> Precision:
+    """Lightning's precision plugin for ``precision`` on CPU (autocast on CPU for the mixed ones).
+
+    Raises:
+        ValueError: for a precision the offline planner does not model (e.g. transformer-engine).
+
+    Example:
+        >>> type(precision_plugin("bf16-mixed")).__name__, type(precision_plugin("32-true")).__name__
+        ('MixedPrecision', 'Precision')
+    """
+    if precision in ("bf16-mixed", "16-mixed"):
+        return MixedPrecision(precision, device="cpu")
+    if precision in ("bf16-true", "16-true"):
+        return HalfPrecision(precision)
+    if precision == "64-true":
+        return DoublePrecision()
+    if precision == "32-true":
+        return Precision()
+    allowed = ("32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
+    raise ValueError(f"`precision` must be one of {allowed} to plan offline, got {precision!r}")
+
+
+@dataclass(frozen=True)
+class _PrecisionOnlyTrainer:
+    """What :func:`training_loss_fn` reads from a Trainer: its precision plugin (no Trainer offline)."""
+
+    precision_plugin: Precision
+
+
+def profile_training_step(
+    model: L.LightningModule,
+    batch: Any,
+    precision: str,
+    targets: Sequence[str] | None = None,
+    optimizer: Any = None,
+) -> StepProfile:
+    """Profile ``training_step`` on ``batch`` as AutoCheckpoint does (real or fake tensors; cost in FLOPs).
+
+    The model must already be in the precision's parameter dtype (see :func:`plan_offline`).
+
+    Example:
+        >>> from examples.gpt import GPT
+        >>> model = GPT(block_size=8, n_layer=2, n_head=2, n_embd=16)
+        >>> batch = (torch.zeros(2, 8, dtype=torch.long),) * 2
+        >>> [m.name for m in profile_training_step(model, batch, "bf16-mixed").modules]
+        ['transformer.h.0', 'transformer.h.1']
+    """
+    plugin = precision_plugin(precision)
+    candidates = find_candidates(model, targets)
+    step_fn = training_loss_fn(_PrecisionOnlyTrainer(plugin), model, plugin.convert_input(batch), 0)
+    return profile_step(model, step_fn, candidates, cost="flops", optimizer=optimizer)
+
+
+@dataclass(frozen=True)
+class _Profiled:
+    profile: StepProfile
+    """With the strategy's per-device static memory in place of the single-replica one."""
+    num_parameters: int
+    batch_shapes: tuple[tuple[int, ...], ...]
+    static: StaticMemory
+
+
+def _fake_profile(run: RunConfig, targets: Sequence[str] | None, batch: Any) -> _Profiled:
+    master_dtype, compute_dtype = _param_dtypes(run)
+    mode = FakeTensorMode()
+    with mode:
+        with _default_dtype(compute_dtype):
+            model = run.model.instantiate()
+        fake_batch = tree_map_only(torch.Tensor, mode.from_tensor, batch)
+        optimizer = _configured_optimizer(model)
+        profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer)
+    static = _static_memory(run, _FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
+    fields = ("param_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes", "strategy_bytes")
+    return _Profiled(
+        profile=dataclasses.replace(profile, **{name: getattr(static, name) for name in fields}),
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        batch_shapes=tuple(tuple(t.shape) for t in tree_leaves(batch) if isinstance(t, torch.Tensor)),
+        static=static,
+    )
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _configured_optimizer(model: L.LightningModule) -> Any:
+    """The (first) optimizer of ``configure_optimizers``, or ``"adamw"`` (with a warning) if it cannot run."""
+    try:
+        optimizer = _first_optimizer(model.configure_optimizers())
+    except Exception as error:  # e.g. it needs a Trainer (estimated_stepping_batches)
+        log.warning("configure_optimizers() failed offline (%s); assuming AdamW state", error)
+        return "adamw"
+    return optimizer if optimizer is not None else "adamw"
+
+
+def _first_optimizer(configured: Any) -> torch.optim.Optimizer | None:
+    if isinstance(configured, torch.optim.Optimizer):
+        return configured
+    if isinstance(configured, dict):
+        return _first_optimizer(configured.get("optimizer"))
+    if isinstance(configured, (list, tuple)):
+        return next(filter(None, map(_first_optimizer, configured)), None)
+    return None
