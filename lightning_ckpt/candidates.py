@@ -45,12 +45,18 @@ def find_candidates(
             ``None`` and the model has no list of repeated modules.
 
     Example:
-        >>> from tests.tiny_gpt import GPT, GPTConfig
-        >>> model = GPT(GPTConfig(n_layer=2))
+        >>> from torch import nn
+        >>> class Block(nn.Module):
+        ...     def __init__(self) -> None:
+        ...         super().__init__()
+        ...         self.attn = nn.Linear(8, 8)
+        ...         self.mlp = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+        >>> model = nn.Module()
+        >>> model.embed, model.h = nn.Embedding(16, 8), nn.ModuleList([Block(), Block()])
         >>> find_candidates(model)
-        ['transformer.h.0', 'transformer.h.1']
-        >>> find_candidates(model, ["transformer.h.*.mlp", "CausalSelfAttention"])
-        ['transformer.h.0.attn', 'transformer.h.0.mlp', 'transformer.h.1.attn', 'transformer.h.1.mlp']
+        ['h.0', 'h.1']
+        >>> find_candidates(model, ["h.*.mlp", "Linear"])  # the Linears inside each mlp are dropped
+        ['h.0.attn', 'h.0.mlp', 'h.1.attn', 'h.1.mlp']
     """
     modules = stripped_modules(model)
     if targets is None:

@@ -138,12 +138,17 @@ def profile_step(
             ``step_fn`` that does not return a loss that requires grad.
 
     Example:
-        >>> from tests.tiny_gpt import GPT, GPTConfig, make_batch
-        >>> model = GPT(GPTConfig(n_layer=2, block_size=16))
-        >>> idx, targets = make_batch(model.config, batch_size=2)
-        >>> profile = profile_step(model, lambda: model(idx, targets), ["transformer.h.0", "transformer.h.1"])
-        >>> [m.name for m in profile.modules], profile.modules[0].activation_bytes > 0
-        (['transformer.h.0', 'transformer.h.1'], True)
+        >>> import torch
+        >>> from torch import nn
+        >>> model = nn.Module()
+        >>> model.h = nn.ModuleList(
+        ...     nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8)) for _ in range(2)
+        ... )
+        >>> x = torch.randn(4, 8)
+        >>> profile = profile_step(model, lambda: model.h[1](model.h[0](x)).square().mean(), ["h.0", "h.1"])
+        >>> # float32 saved for backward: the input 4x8 (128 B), GELU's and the last Linear's inputs 4x32
+        >>> [(m.name, m.activation_bytes, m.input_bytes, m.flops) for m in profile.modules]
+        [('h.0', 1152, 128, 4096), ('h.1', 1152, 128, 4096)]
     """
     if cost not in ("time", "flops"):
         raise ValueError(f'`cost` must be "time" or "flops", got {cost!r}')
