@@ -44,7 +44,8 @@ def first_batch(data: ClassSpec) -> Any:
     """One training batch of the data module: ``setup("fit")``, then the first batch, without workers.
 
     Example:
-        >>> spec = ClassSpec("examples.data.CharDataModule", {"block_size": 8, "batch_size": 2, "max_chars": 1000})
+        >>> arguments = {"block_size": 8, "batch_size": 2, "max_chars": 1000}
+        >>> spec = ClassSpec("examples.data.CharDataModule", arguments)
         >>> [tuple(t.shape) for t in first_batch(spec)]
         [(2, 8), (2, 8)]
     """

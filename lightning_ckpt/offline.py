@@ -72,7 +72,8 @@ class OfflinePlan:
         ]
 
     def _recompute_line(self) -> str:
-        flops = f"recompute per step: {self.recompute_flops / 1e12:.2f} TFLOP (forward of the checkpointed modules)"
+        tflop = self.recompute_flops / 1e12
+        flops = f"recompute per step: {tflop:.2f} TFLOP (forward of the checkpointed modules)"
         if self.tflops is None:
             return f"{flops}; pass --tflops for time"
         return f"{flops} = {self.plan.recompute_seconds * 1e3:.2f} ms at {self.tflops:g} TFLOP/s"

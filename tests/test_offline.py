@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
+from callback_helpers import fast_trainer
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from examples.gpt import GPT
@@ -36,7 +36,8 @@ def _yaml(
             f"      init_args: {{budget_gb: {budget_gb}, cost: flops}}\n"
         )
     text = (
-        f"trainer:\n  accelerator: cpu\n  devices: 1\n  precision: {precision}\n  strategy: {strategy}\n{callbacks}"
+        f"trainer:\n  accelerator: cpu\n  devices: 1\n  precision: {precision}\n  strategy: {strategy}\n"
+        f"{callbacks}"
         f"model:\n  class_path: examples.gpt.GPT\n  init_args: {json.dumps(MODEL_ARGS)}\n"
         f"data:\n  class_path: examples.data.CharDataModule\n  init_args: {json.dumps(DATA_ARGS)}\n"
     )
@@ -46,7 +47,7 @@ def _yaml(
 
 
 def _budget_between_all_and_none(path: Path) -> float:
-    """A budget that needs some, not all, blocks checkpointed: midway between the minimum and no checkpointing."""
+    """A budget that needs some, not all, blocks checkpointed: midway between the minimum and keeping all."""
     with pytest.raises(BudgetTooSmallError) as info:
         plan_offline(path, budget_gb=1e-6)
     keep_all = plan_offline(path, budget_gb=100).plan.predicted_peak_bytes
@@ -60,18 +61,7 @@ def test_fake_plan_matches_the_callbacks_plan_on_a_real_cpu_run(tmp_path: Path) 
 
     run = load_run_config(path)
     callback = AutoCheckpoint(budget_gb=budget_gb, cost="flops", measure=False)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=1,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
-    trainer.fit(run.model.instantiate(), datamodule=run.data.instantiate())
+    fast_trainer([callback], max_steps=1).fit(run.model.instantiate(), datamodule=run.data.instantiate())
 
     real = callback.plan
     assert [item.activation_bytes for item in offline.items] == [item.activation_bytes for item in real.items]

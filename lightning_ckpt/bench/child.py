@@ -65,7 +65,7 @@ def _prepare(method: str, weights: list[int], values: list[float], capacity: int
 
 
 def _set_torch_threads(method: str, threads: int) -> None:
-    """Pin torch's intra-op threads (0: torch's default); 2 threads on a shared 2-core box time erratically."""
+    """Pin torch's intra-op threads (0: its default); 2 threads on a shared 2-core box time erratically."""
     if method.startswith("torch-") and threads > 0:
         import torch
 

@@ -108,8 +108,8 @@ def _header(report: BenchReport) -> str:
     return (
         f"# {machine['processor'] or 'unknown CPU'}, {machine['cpus']} CPUs; python {machine['python']}, "
         f"numpy {machine['numpy']}, numba {machine['numba']}, torch {machine['torch']}\n"
-        f"# time: best of up to {MAX_REPEATS} calls within {report.options.repeat_budget_s:g} s, warm process; "
-        "peak_MB: "
+        f"# time: best of up to {MAX_REPEATS} calls within {report.options.repeat_budget_s:g} s, "
+        "warm process; peak_MB: "
         "resident growth during the call (process tree); gap vs the best feasible exact value; vs_torch: "
         f"{TORCH_REFERENCE} time / this time (~: torch time estimated); Gcell/s = n*W / time\n"
         f"# skip rule: estimated time > {report.options.max_seconds:g} s; full tables > "
