@@ -100,6 +100,8 @@ class AutoCheckpoint(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             check_trainer(trainer, pl_module)
+            if self.targets and any(True for _ in pl_module.children()):
+                find_candidates(pl_module, self.targets)  # a target matching nothing fails now, not at step 1
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int

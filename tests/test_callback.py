@@ -209,3 +209,21 @@ def test_overshoot_triggers_one_replan(monkeypatch):
         fit(tiny_gpt(), [callback], max_steps=4)
     assert callback.plan.replanned
     assert callback.plan.budget_bytes == budget_bytes
+
+
+def test_target_matching_nothing_fails_in_setup_with_existing_names():
+    model = tiny_gpt()
+    with pytest.raises(ValueError, match=r"`targets` entry 'Nope' matches no module.*transformer"):
+        fit(model, [AutoCheckpoint(budget_gb=1, targets=["Nope"])], max_steps=1)
+    assert checkpointed_names(model) == []
+
+
+def test_finer_targets_checkpoint_attention_and_mlp_separately():
+    _, high_bytes, profile = _profile_bounds(tiny_gpt())
+    callback = AutoCheckpoint(
+        budget_gb=(fixed_peak_bytes(profile) + high_bytes) / 2 / GB, targets=["MLP", "CausalSelfAttention"]
+    )
+    fit(tiny_gpt(), [callback], max_steps=3)
+    names = callback.plan.checkpointed + callback.plan.kept
+    assert sorted(names) == sorted(f"transformer.h.{i}.{part}" for i in range(4) for part in ("attn", "mlp"))
+    assert callback.plan.predicted_peak_bytes <= callback.plan.budget_bytes
