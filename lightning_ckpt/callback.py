@@ -100,8 +100,8 @@ class AutoCheckpoint(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             check_trainer(trainer, pl_module)
-            if self.targets and any(True for _ in pl_module.children()):
-                find_candidates(pl_module, self.targets)  # a target matching nothing fails now, not at step 1
+            if any(True for _ in pl_module.children()):  # models built in `configure_model` are checked later
+                find_candidates(pl_module, self.targets)  # no candidates: fail now, not at step 1
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -118,6 +118,7 @@ class AutoCheckpoint(Callback):
             )
         self._apply(pl_module, self._plan)
         self._measure_next = self.measure and self._plan.measured_peak_bytes is None
+        _log_metrics(trainer, self._plan)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -131,14 +132,20 @@ class AutoCheckpoint(Callback):
             f" budget {self.budget_gb:g} GB"
         )
         _log_metrics(trainer, self._plan)
-        if peak_bytes > self.budget_bytes and not self._plan.replanned:
+        if peak_bytes > self.budget_bytes and self._plan.replanned:
+            rank_zero_warn(
+                f"AutoCheckpoint: the measured peak is still {(peak_bytes - self.budget_bytes) / _GB:.4f} GB over"
+                " the budget after the one re-plan; lower the batch size or raise `budget_gb`"
+            )
+        elif peak_bytes > self.budget_bytes:
+            if self._profile is None:  # a resumed run: profile this batch (the plan came from a checkpoint)
+                self._profile_step(trainer, pl_module, batch, batch_idx)
             self._replan(trainer, pl_module, overshoot_bytes=peak_bytes - self.budget_bytes)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        if self._meter is not None:
-            self._stop_measuring()
+        self.teardown(trainer, pl_module, "fit")  # Lightning runs no teardown after an exception
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._meter is not None:
@@ -171,24 +178,13 @@ class AutoCheckpoint(Callback):
         self, trainer: pl.Trainer, profile: StepProfile, budget_bytes: int | None = None
     ) -> CheckpointPlan:
         """Plan on rank 0 and broadcast it, so every rank applies the identical plan."""
-        payload: dict[str, Any] = {}
-        if trainer.is_global_zero:
-            try:
-                budget = self.budget_bytes if budget_bytes is None else budget_bytes
-                plan = make_plan(
-                    profile,
-                    budget,
-                    cost=self.cost,
-                    quantum_bytes=self.quantum_bytes,
-                    solver=self.solver,
-                    workers=self.workers,
-                )
-                payload = {"plan": plan.to_dict()}
-            except BudgetTooSmallError as error:
-                payload = {"error": (error.budget_bytes, error.minimum_bytes, len(profile.modules))}
+        budget = self.budget_bytes if budget_bytes is None else budget_bytes
+        payload, failure = self._plan_on_rank_zero(profile, budget) if trainer.is_global_zero else ({}, None)
         payload = trainer.strategy.broadcast(payload, src=0)
-        if "error" in payload:
-            raise BudgetTooSmallError(*payload["error"])
+        if "too_small" in payload:
+            raise BudgetTooSmallError(*payload["too_small"])
+        if "failure" in payload:  # every rank fails the same way instead of waiting for a plan
+            raise failure or RuntimeError(f"AutoCheckpoint: planning failed on rank 0: {payload['failure']}")
         plan = CheckpointPlan.from_dict(payload["plan"])
         if not plan.checkpointed:
             headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / _GB
@@ -197,6 +193,23 @@ class AutoCheckpoint(Callback):
                 f" ({headroom_gb:.4f} GB headroom predicted)"
             )
         return plan
+
+    def _plan_on_rank_zero(self, profile: StepProfile, budget_bytes: int) -> tuple[dict, Exception | None]:
+        """The plan as plain data for the broadcast, or what made planning fail."""
+        try:
+            plan = make_plan(
+                profile,
+                budget_bytes,
+                cost=self.cost,
+                quantum_bytes=self.quantum_bytes,
+                solver=self.solver,
+                workers=self.workers,
+            )
+        except BudgetTooSmallError as error:
+            return {"too_small": (error.budget_bytes, error.minimum_bytes, len(profile.modules))}, error
+        except Exception as error:
+            return {"failure": repr(error)}, error
+        return {"plan": plan.to_dict()}, None
 
     def _apply(self, pl_module: pl.LightningModule, plan: CheckpointPlan) -> None:
         if plan.checkpointed:
@@ -210,7 +223,7 @@ class AutoCheckpoint(Callback):
         )
         measured = self._plan.measured_peak_bytes
         try:
-            plan = self._decide(trainer, self._profile, self.budget_bytes - overshoot_bytes)
+            plan = self._decide(trainer, self._profile, max(self.budget_bytes - overshoot_bytes, 0))
         except BudgetTooSmallError as error:
             rank_zero_warn(
                 f"AutoCheckpoint: cannot re-plan within the budget ({error}); keeping the current plan"
@@ -251,7 +264,7 @@ def _replanned(plan: CheckpointPlan, budget_bytes: int, measured_peak_bytes: int
 
 def _max_over_ranks(trainer: pl.Trainer, value: int) -> int:
     """The largest value over all ranks: every rank must take the same re-plan decision."""
-    tensor = torch.tensor(float(value), dtype=torch.float64, device=trainer.strategy.root_device)
+    tensor = torch.tensor(int(value), dtype=torch.int64, device=trainer.strategy.root_device)
     return int(trainer.strategy.reduce(tensor, reduce_op="max").item())
 
 

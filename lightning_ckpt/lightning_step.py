@@ -63,13 +63,14 @@ def training_loss_fn(
 ) -> Callable:
     """A function that runs ``training_step`` on ``batch`` as the trainer would, and returns the loss.
 
-    It runs inside the precision plugin's autocast context, outside the DDP/FSDP forward wrapper (so no
-    gradient synchronisation is prepared), with logging muted.
+    It runs as the trainer runs it: inside the precision plugin's autocast context and, when the strategy
+    wraps the module (DDP, FSDP), through the wrapper's forward, so FSDP gathers its root parameters as in
+    a real step. Logging is muted. ``trainer`` may be anything with a ``precision_plugin`` (offline plans).
     """
 
     def step_fn() -> torch.Tensor:
-        with trainer.precision_plugin.train_step_context(), muted_logging(pl_module):
-            output = pl_module.training_step(batch, batch_idx)
+        with muted_logging(pl_module):
+            output = _run_training_step(trainer, pl_module, batch, batch_idx)
         loss = output["loss"] if isinstance(output, Mapping) else output
         if not isinstance(loss, torch.Tensor):
             raise TypeError(
@@ -80,7 +81,21 @@ def training_loss_fn(
     return step_fn
 
 
+def _run_training_step(trainer: Any, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> Any:
+    strategy = getattr(trainer, "strategy", None)
+    if strategy is not None and strategy.model is not None and strategy.model is not pl_module:
+        return strategy.training_step(batch, batch_idx)  # autocast + DDP/FSDP forward redirection
+    with trainer.precision_plugin.train_step_context():
+        return pl_module.training_step(batch, batch_idx)
+
+
 def no_gradient_sync(trainer: pl.Trainer) -> contextlib.AbstractContextManager:
-    """The wrapped model's ``no_sync()`` (DDP, FSDP) if it has one, else a null context."""
-    no_sync = getattr(trainer.strategy.model, "no_sync", None)
-    return no_sync() if callable(no_sync) else contextlib.nullcontext()
+    """DDP's ``no_sync()`` (no all-reduce of gradients that are thrown away), else a null context.
+
+    FSDP is left to synchronise: under ``no_sync`` it would keep unsharded gradients, a memory profile
+    that real steps never have.
+    """
+    model = trainer.strategy.model
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()

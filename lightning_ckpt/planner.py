@@ -85,13 +85,16 @@ def make_plan(
         kept |= _keep_more_if_exact_peak_allows(profile, kept, values, budget_bytes)
     solver_seconds = time.perf_counter() - start
     checkpointed = tuple(n for n in names if n not in kept)
+    predicted_bytes = int(predict_peak_bytes(profile, checkpointed))
+    if predicted_bytes > budget_bytes:  # cannot happen by the memory model's contract; never hand it out
+        raise AssertionError(f"plan predicted at {predicted_bytes} bytes is over the budget {budget_bytes}")
     return CheckpointPlan(
         checkpointed=checkpointed,
         kept=tuple(n for n in names if n in kept),
         items=tuple(_plan_item(m) for m in profile.modules),
         static_bytes=int(profile.static_bytes),
         budget_bytes=int(budget_bytes),
-        predicted_peak_bytes=int(predict_peak_bytes(profile, checkpointed)),
+        predicted_peak_bytes=predicted_bytes,
         recompute_seconds=sum(m.recompute_seconds for m in profile.modules if m.name not in kept),
         solver_method=method,
         solver_seconds=solver_seconds,

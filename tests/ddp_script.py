@@ -6,6 +6,7 @@ single process, on a batch twice as large) writes the parameters after training.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from callback_helpers import tiny_gpt, token_loader  # noqa: E402
 
+import lightning_ckpt.callback as callback_module  # noqa: E402
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
 
 STEPS, BATCH = 3, 4
@@ -38,7 +40,26 @@ class ShardedTokens(L.LightningDataModule):
         return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
 
 
+def rank_dependent_times(profile_step):
+    """Profile as usual, then make the recompute times differ by rank (rank 1 sees them reversed): only
+    the broadcast of rank 0's plan can make both ranks checkpoint the same blocks."""
+
+    def profile_step_per_rank(*args, **kwargs):
+        profile = profile_step(*args, **kwargs)
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
+            seconds = [m.recompute_seconds for m in profile.modules][::-1]
+            modules = [
+                dataclasses.replace(m, recompute_seconds=s)
+                for m, s in zip(profile.modules, seconds, strict=True)
+            ]
+            profile = dataclasses.replace(profile, modules=tuple(modules))
+        return profile
+
+    return profile_step_per_rank
+
+
 def main(out_dir: Path, mode: str) -> None:
+    callback_module.profile_step = rank_dependent_times(callback_module.profile_step)
     L.seed_everything(0, verbose=False)
     model = tiny_gpt(seed=1, dropout=0.0)
     ddp = mode == "ddp"

@@ -7,7 +7,7 @@ import math
 import lightning as L
 import pytest
 import torch
-from callback_helpers import block_names, fast_trainer, fit, tiny_gpt, token_loader
+from callback_helpers import TINY_GPT, block_names, fast_trainer, fit, tiny_gpt, token_loader
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
@@ -116,7 +116,12 @@ def test_metrics_reach_the_logger(tmp_path):
     callback = AutoCheckpoint(budget_gb=1000)
     fit(tiny_gpt(), [callback], max_steps=3, logger=CSVLogger(tmp_path, name="run"))
     metrics = (tmp_path / "run" / "version_0" / "metrics.csv").read_text()
-    for key in ("autockpt/predicted_peak_gb", "autockpt/measured_peak_gb", "autockpt/num_checkpointed"):
+    for key in (
+        "autockpt/predicted_peak_gb",
+        "autockpt/measured_peak_gb",
+        "autockpt/num_checkpointed",
+        "autockpt/recompute_ms_per_step",
+    ):
         assert key in metrics
 
 
@@ -196,9 +201,11 @@ def test_overshoot_triggers_one_replan(monkeypatch):
     _, high_bytes, profile = _profile_bounds(tiny_gpt())
     budget_bytes = (fixed_peak_bytes(profile) + high_bytes) // 2
     real_stop = callback_module.AutoCheckpoint._stop_measuring
-    inflated = iter([budget_bytes + 10_000, None])
+    inflated = iter([budget_bytes + 10_000, budget_bytes + 10_000])  # the second overshoot must not re-plan
+    first_checkpointed: list[int] = []
 
     def stop_with_overshoot(self):
+        first_checkpointed.append(len(self.plan.checkpointed))
         measured = real_stop(self)
         fake = next(inflated, None)
         return measured if fake is None else fake
@@ -209,6 +216,10 @@ def test_overshoot_triggers_one_replan(monkeypatch):
         fit(tiny_gpt(), [callback], max_steps=4)
     assert callback.plan.replanned
     assert callback.plan.budget_bytes == budget_bytes
+    assert callback.plan.predicted_peak_bytes <= budget_bytes - 10_000, (
+        "re-planned with the overshoot subtracted"
+    )
+    assert len(callback.plan.checkpointed) >= first_checkpointed[0]
 
 
 def test_target_matching_nothing_fails_in_setup_with_existing_names():
@@ -227,3 +238,58 @@ def test_finer_targets_checkpoint_attention_and_mlp_separately():
     names = callback.plan.checkpointed + callback.plan.kept
     assert sorted(names) == sorted(f"transformer.h.{i}.{part}" for i in range(4) for part in ("attn", "mlp"))
     assert callback.plan.predicted_peak_bytes <= callback.plan.budget_bytes
+
+
+class FailingGPT(type(tiny_gpt())):
+    """Raises in its third training step."""
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2:
+            raise RuntimeError("boom at step 3")
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_exception_during_training_leaves_no_wrapper_and_no_meter():
+    _, high_bytes, profile = _profile_bounds(tiny_gpt())
+    torch.manual_seed(0)
+    model = FailingGPT(**TINY_GPT)
+    callback = AutoCheckpoint(budget_gb=(fixed_peak_bytes(profile) + high_bytes) / 2 / GB)
+    with pytest.raises(RuntimeError, match="boom at step 3"):
+        fit(model, [callback], max_steps=5)
+    assert callback.plan.checkpointed, "the run was checkpointing when it failed"
+    assert checkpointed_names(model) == [] and callback._meter is None
+
+
+def test_a_planning_failure_leaves_the_model_untouched(monkeypatch):
+    def broken_plan(*args, **kwargs):
+        raise RuntimeError("solver exploded")
+
+    monkeypatch.setattr(callback_module, "make_plan", broken_plan)
+    model = tiny_gpt()
+    with pytest.raises(RuntimeError, match="solver exploded"):
+        fit(model, [AutoCheckpoint(budget_gb=1)], max_steps=2)
+    assert checkpointed_names(model) == []
+
+
+def test_resumed_run_that_overshoots_profiles_again_and_replans(tmp_path, monkeypatch):
+    """A plan saved before its peak was measured is measured after resuming; an overshoot re-plans."""
+    _, high_bytes, profile = _profile_bounds(tiny_gpt())
+    budget_bytes = (fixed_peak_bytes(profile) + high_bytes) // 2
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
+    fit(
+        tiny_gpt(),
+        [AutoCheckpoint(budget_gb=budget_bytes / GB), saver],
+        max_steps=1,
+        enable_checkpointing=True,
+    )
+    ckpt = next(tmp_path.glob("*step=1.ckpt"))
+    real_stop = callback_module.AutoCheckpoint._stop_measuring
+    monkeypatch.setattr(
+        callback_module.AutoCheckpoint, "_stop_measuring", lambda self: real_stop(self) + budget_bytes
+    )
+    callback = AutoCheckpoint(budget_gb=budget_bytes / GB)
+    with pytest.warns(UserWarning, match="over the budget"):
+        fast_trainer([callback], max_steps=3).fit(
+            tiny_gpt(), train_dataloaders=token_loader(), ckpt_path=ckpt
+        )
+    assert callback.plan.replanned and callback._profile is not None

@@ -27,7 +27,8 @@ def test_ddp_ranks_share_one_plan_and_train_like_one_process(tmp_path):
     _run(tmp_path, "ddp", budget_gb)
     _run(tmp_path, "single", budget_gb)
     plans = [json.loads((tmp_path / f"plan{rank}.json").read_text()) for rank in (0, 1)]
-    assert plans[0] == plans[1]
+    assert plans[0] == plans[1]  # although rank 1 timed the blocks in reverse order
+    assert 0 < len(plans[0]["checkpointed"]) < 4
     ddp, single = torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "single.pt")
     assert ddp.keys() == single.keys()
     for key in ddp:

@@ -94,7 +94,10 @@ def solve_knapsack(
     else:
         solver = {"dp": baselines.dp_table, "greedy": baselines.greedy, "ilp": baselines.ilp}[method]
         chosen = solver(weight_array, value_array, capacity)
-    return _result(weight_array, value_array, chosen, method)
+    result = _result(weight_array, value_array, chosen, method)
+    if result.weight > capacity:  # a last guard: no method may ever answer over the capacity
+        raise AssertionError(f"solver {method!r} chose weight {result.weight} over capacity {capacity}")
+    return result
 
 
 def last_solve_stats() -> dict[str, object]:
