@@ -587,11 +587,19 @@ def _float_list(text: str) -> list[float]:
     return values
 
 
+def _check_overrides(parser: argparse.ArgumentParser, overrides: list[str]) -> None:
+    """Unknown options pass through as config overrides only if they name a config key (`--a.b=1`)."""
+    for token in overrides:
+        if token.startswith("--") and "." not in token.split("=", 1)[0]:
+            parser.error(f"unrecognized option {token!r}: config overrides look like --trainer.max_steps=5")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep, print both tables; returns 1 if AutoCheckpoint missed a target at some budget."""
     parser = _parser()
     try:
         args, overrides = parser.parse_known_args(argv)
+        _check_overrides(parser, overrides)
     except SystemExit as exit_request:
         return int(exit_request.code or 0)
     if args.threads:

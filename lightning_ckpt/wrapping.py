@@ -8,6 +8,7 @@ are the same in the recomputation). Forward hooks of the module still run once, 
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections.abc import Callable, Iterable
@@ -39,7 +40,9 @@ class CheckpointedForward:
         self.previous = previous
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return checkpoint(self.original, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        # kwargs go to the module, never to `checkpoint` (a module kwarg named `debug` or `context_fn`)
+        forward = functools.partial(self.original, **kwargs) if kwargs else self.original
+        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True)
 
 
 def is_checkpointed(module: nn.Module) -> bool:

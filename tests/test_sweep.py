@@ -99,3 +99,10 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="`count` must be a positive integer, got 0"):
         default_budgets_gb(1, 2, 0)
     assert sweep.main(["--config", CPU_CONFIG, "--budgets-gb", "-1"]) == 2
+
+
+def test_a_mistyped_flag_is_refused_not_taken_as_an_override(capsys):
+    from lightning_ckpt import sweep
+
+    assert sweep.main(["--config", "configs/gpt-cpu.yaml", "--trials", "4"]) == 2
+    assert "unrecognized option '--trials'" in capsys.readouterr().err

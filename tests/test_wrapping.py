@@ -240,3 +240,19 @@ def test_names_resolve_through_wrapper_prefixes():
 )
 def test_strip_wrapper_prefixes(name, expected):
     assert strip_wrapper_prefixes(name) == expected
+
+
+def test_module_kwargs_named_like_checkpoint_options_reach_the_module():
+    class TakesDebug(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x, debug=None, context_fn=None):
+            return self.linear(x) * (2.0 if debug else 1.0) + (0.0 if context_fn is None else context_fn)
+
+    model = nn.Sequential(TakesDebug())
+    x = torch.randn(3, 4, requires_grad=True)
+    expected = model[0](x, debug=True, context_fn=1.0)
+    apply_checkpointing(model, ["0"])
+    torch.testing.assert_close(model[0](x, debug=True, context_fn=1.0), expected)
