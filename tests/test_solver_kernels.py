@@ -114,3 +114,16 @@ def test_reduce_instance_divides_by_gcd_and_maps_back_lowest_indices():
         tuple(core_item) for core_item in zip(merged.weights.tolist(), merged.copies.tolist(), strict=True)
     }
     assert all(copies in (1, 2) for _, copies in counts)
+
+
+def test_streaming_groups_of_items_heavier_than_the_window_match_item_by_item():
+    """Items heavier than the window are grouped anyway (the large-W path): same numbers."""
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n, capacity, window = int(rng.integers(2, 30)), int(rng.integers(200, 2000)), int(rng.integers(1, 50))
+        weights = rng.integers(window // 2 + 1, capacity // 3, n).astype(np.int64)
+        values = weights + rng.uniform(0, 5, n)
+        outs = [np.empty(capacity + 1) for _ in range(2)]
+        numba_kernels.profile(weights, values, capacity, outs[0], window, 8, int(rng.integers(1, 64)))
+        _kernels_numpy.profile(weights, values, capacity, outs[1])
+        np.testing.assert_array_equal(outs[0], outs[1])
