@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_ckpt._cli_args import positive_float, positive_int
 from lightning_ckpt.callback import AutoCheckpoint
 from lightning_ckpt.fake_step import _fake_profile, first_batch, precision_plugin, profile_training_step
 from lightning_ckpt.plan import CheckpointPlan
@@ -217,11 +218,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", required=True, help="the training YAML (as for `fit --config`)")
     parser.add_argument(
-        "--budget-gb", type=_positive_float, help="per-device budget in GB (default: the config's)"
+        "--budget-gb", type=positive_float, help="per-device budget in GB (default: the config's)"
     )
-    parser.add_argument("--devices", type=_positive_int, help="devices per node (replaces trainer.devices)")
-    parser.add_argument("--num-nodes", type=_positive_int, help="nodes (replaces trainer.num_nodes)")
-    parser.add_argument("--tflops", type=_positive_float, help="device TFLOP/s, to show recompute time")
+    parser.add_argument("--devices", type=positive_int, help="devices per node (replaces trainer.devices)")
+    parser.add_argument("--num-nodes", type=positive_int, help="nodes (replaces trainer.num_nodes)")
+    parser.add_argument("--tflops", type=positive_float, help="device TFLOP/s, to show recompute time")
     parser.add_argument(
         "--set",
         action="append",
@@ -234,27 +235,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
-    return value
-
-
 def _override(text: str) -> list[str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"must be KEY=VALUE, got {text!r}")
     return [f"--{key.strip().removeprefix('--')}", value]
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:

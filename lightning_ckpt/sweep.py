@@ -29,6 +29,7 @@ import sys
 
 import torch
 
+from lightning_ckpt._cli_args import positive_int
 from lightning_ckpt.sweep_report import (
     NOISE,
     BudgetVerdict,
@@ -90,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     budgets.add_argument(
         "--num-budgets",
-        type=_positive_int,
+        type=positive_int,
         default=4,
         help="budgets spread between the all-checkpointed and no-checkpointing peaks (default 4)",
     )
@@ -104,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 def _add_timing_options(parser: argparse.ArgumentParser) -> None:
     """``--steps``, ``--warmup``, ``--rounds``, ``--clock`` and ``--threads``."""
     parser.add_argument(
-        "--steps", type=_positive_int, default=5, help="timed steps per policy per round (default 5)"
+        "--steps", type=positive_int, default=5, help="timed steps per policy per round (default 5)"
     )
     parser.add_argument(
         "--warmup",
@@ -114,7 +115,7 @@ def _add_timing_options(parser: argparse.ArgumentParser) -> None:
         "AutoCheckpoint plans on the first and measures (and may re-plan) on the next two (default 3)",
     )
     parser.add_argument(
-        "--rounds", type=_positive_int, default=3, help="turns through all policies (default 3)"
+        "--rounds", type=positive_int, default=3, help="turns through all policies (default 3)"
     )
     parser.add_argument(
         "--clock",
@@ -123,14 +124,7 @@ def _add_timing_options(parser: argparse.ArgumentParser) -> None:
         help="step time as wall-clock time (default) or this process's CPU time (steadier when other jobs "
         "share the CPU; use with --threads 1)",
     )
-    parser.add_argument("--threads", type=_positive_int, help="torch intra-op threads (default: torch's)")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's)")
 
 
 def _warmup_steps(text: str) -> int:

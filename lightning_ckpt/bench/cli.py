@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from lightning_ckpt._cli_args import positive_int
 from lightning_ckpt.bench.harness import BenchOptions, run_grid, run_jobs
 from lightning_ckpt.bench.instances import DEFAULT_N, DEFAULT_W, FAMILIES
 from lightning_ckpt.bench.methods import METHODS
@@ -18,9 +19,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Benchmark the knapsack solvers against PyTorch's, side by side on the same instances.",
     )
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), help="instance families (A B C)")
-    parser.add_argument("--n", nargs="+", type=_positive_int, default=list(DEFAULT_N), help="item counts")
+    parser.add_argument("--n", nargs="+", type=positive_int, default=list(DEFAULT_N), help="item counts")
     parser.add_argument(
-        "--W", nargs="+", type=_positive_int, default=list(DEFAULT_W), help="capacities (1e6 ok)"
+        "--W", nargs="+", type=positive_int, default=list(DEFAULT_W), help="capacities (1e6 ok)"
     )
     parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"among {' '.join(METHODS)}")
     parser.add_argument("--seed", type=int, default=0, help="instance seed (default 0)")
@@ -43,14 +44,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (1; 0: default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
-
-
-def _positive_int(text: str) -> int:
-    """``"1e6"`` -> 1000000, for ``--n`` and ``--W``."""
-    number = float(text)
-    if not number.is_integer() or number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (1e6 allowed), got {text!r}")
-    return int(number)
 
 
 def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
