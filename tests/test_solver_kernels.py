@@ -7,7 +7,7 @@ import pytest
 
 from lightning_ckpt.solver import _kernels_numpy, reduce
 from lightning_ckpt.solver.instances import FAMILIES, make_instance
-from lightning_ckpt.solver.profile import cell_updates
+from lightning_ckpt.solver.profile import cell_updates, profile
 
 numba_kernels = pytest.importorskip("lightning_ckpt.solver._kernels_numba")
 
@@ -17,6 +17,13 @@ def brute_force_profile(weights, values, capacity):
     masks = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1).astype(bool)
     total_w, total_v = masks @ weights, masks @ values
     return np.array([total_v[total_w <= c].max() for c in range(capacity + 1)])
+
+
+def full_profile(kernels, weights, values, capacity, out, *grouping):
+    """A whole profile from a kernel's ``extend`` (what ``profile.profile`` does)."""
+    out[0] = 0.0
+    reach = kernels.extend(weights, values, capacity, out, 0, *(grouping or (1, 1, 1)))
+    out[reach + 1 : capacity + 1] = out[reach]
 
 
 def random_items(rng, n_max=8, weight_max=20):
@@ -29,11 +36,11 @@ def test_profile_kernels_are_identical_and_optimal():
     for _ in range(500):
         weights, values, capacity = random_items(rng)
         outs = [np.full(capacity + 1, -1.0) for _ in range(2)]
-        _kernels_numpy.profile(weights, values, capacity, outs[1])
+        full_profile(_kernels_numpy, weights, values, capacity, outs[1])
         np.testing.assert_allclose(outs[1], brute_force_profile(weights, values, capacity), rtol=1e-12)
         # the numba kernel's grouped sweep, with small windows and tiles to take every branch
         window, group_items, tile = (int(x) for x in rng.integers(1, [60, 6, 12]))
-        numba_kernels.profile(weights, values, capacity, outs[0], window, group_items, tile)
+        full_profile(numba_kernels, weights, values, capacity, outs[0], window, group_items, tile)
         np.testing.assert_array_equal(outs[0], outs[1])
 
 
@@ -44,8 +51,8 @@ def test_grouped_sweep_matches_item_by_item_on_long_profiles():
         weights = rng.integers(1, capacity // 4, n).astype(np.int64)
         values = weights * rng.uniform(0.5, 1.5, n)
         outs = [np.empty(capacity + 1) for _ in range(2)]
-        numba_kernels.profile(weights, values, capacity, outs[0], 400, 8, int(rng.integers(1, 64)))
-        _kernels_numpy.profile(weights, values, capacity, outs[1])
+        full_profile(numba_kernels, weights, values, capacity, outs[0], 400, 8, int(rng.integers(1, 64)))
+        full_profile(_kernels_numpy, weights, values, capacity, outs[1])
         np.testing.assert_array_equal(outs[0], outs[1])
 
 
@@ -61,6 +68,19 @@ def test_leaf_kernels_record_identical_bits_and_optimal_sets():
         numba_kernels.backtrack(weights, capacity, bits[0], chosen)
         assert weights[chosen].sum() <= capacity
         assert values[chosen].sum() == pytest.approx(brute_force_profile(weights, values, capacity)[-1])
+
+
+def test_checkpoint_on_the_way_equals_the_prefix_profile_and_keeps_the_full_one():
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        weights, values, capacity = random_items(rng, n_max=10)
+        save_at = int(rng.integers(0, len(weights) + 1))
+        slot = min(capacity, int(weights[:save_at].sum()) + int(rng.integers(0, 3))) + 1
+        out, saved, prefix = np.empty(capacity + 1), np.full(slot, -1.0), np.empty(capacity + 3)
+        profile(weights, values, capacity, out, save_at=save_at, saved=saved)
+        np.testing.assert_allclose(out, brute_force_profile(weights, values, capacity), rtol=1e-12)
+        profile(weights[:save_at], values[:save_at], slot - 1, prefix)
+        np.testing.assert_array_equal(saved, prefix[:slot])
 
 
 def test_best_split_kernels_pick_the_first_maximum():
@@ -124,6 +144,6 @@ def test_streaming_groups_of_items_heavier_than_the_window_match_item_by_item():
         weights = rng.integers(window // 2 + 1, capacity // 3, n).astype(np.int64)
         values = weights + rng.uniform(0, 5, n)
         outs = [np.empty(capacity + 1) for _ in range(2)]
-        numba_kernels.profile(weights, values, capacity, outs[0], window, 8, int(rng.integers(1, 64)))
-        _kernels_numpy.profile(weights, values, capacity, outs[1])
+        full_profile(numba_kernels, weights, values, capacity, outs[0], window, 8, int(rng.integers(1, 64)))
+        full_profile(_kernels_numpy, weights, values, capacity, outs[1])
         np.testing.assert_array_equal(outs[0], outs[1])

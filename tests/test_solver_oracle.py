@@ -7,6 +7,7 @@ import pytest
 
 from lightning_ckpt.solver import api, hirschberg, last_solve_stats, parallel, solve_knapsack
 from lightning_ckpt.solver.instances import FAMILIES, make_instance
+from lightning_ckpt.solver.profile import cell_updates
 
 EXACT = ("auto", "hirschberg", "dp")
 
@@ -79,3 +80,35 @@ def test_workers_two_equals_workers_one(monkeypatch):
             double = solve_knapsack(weights, values, capacity, method=method, workers=2)
             assert last_solve_stats()["workers_used"] == 2 or last_solve_stats()["core_items"] == 0
             assert double == single
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checkpoints_change_the_work_not_the_answer(family, monkeypatch):
+    """Warm segments (left half copied from a checkpoint) give the same set with fewer updates,
+    also when the checkpoint room is too small for all of them."""
+    monkeypatch.setattr(hirschberg, "LEAF_MAX_CELLS", 2_000)
+    weights, values, capacity = make_instance(family, 80, 4_000, seed=3)
+    runs = {}
+    for share in (1.0, 0.3, 0.0):
+        monkeypatch.setattr(hirschberg, "CHECKPOINT_SHARE", share)
+        runs[share] = solve_knapsack(weights, values, capacity, method="hirschberg"), last_solve_stats()
+    assert runs[1.0][0] == runs[0.3][0] == runs[0.0][0]
+    cells = [runs[share][1]["cell_updates"] for share in (1.0, 0.3, 0.0)]
+    assert cells[0] < cells[1] < cells[2]
+
+
+def test_split_point_balances_the_two_passes():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n, capacity = int(rng.integers(2, 30)), int(rng.integers(1, 500))
+        weights = np.sort(rng.integers(1, 60, n))
+        lo, hi = sorted(int(x) for x in rng.choice(n + 1, 2, replace=False))
+        if hi - lo < 2:
+            continue
+        mid = hirschberg.split_point(weights, lo, hi, capacity)
+        worst = {
+            m: max(cell_updates(weights[lo:m], capacity), cell_updates(weights[m:hi], capacity))
+            for m in range(lo + 1, hi)
+        }
+        assert lo < mid < hi
+        assert worst[mid] == min(worst.values())

@@ -84,9 +84,9 @@ def _apply_group(out, group_w, group_v, k_items, hi, tile):  # pragma: no cover 
 
 
 @_jit
-def profile(weights, values, capacity, out, window, k_max, tile):  # pragma: no cover - compiled
-    out[0] = 0.0
-    reach = 0
+def extend(weights, values, capacity, out, reach, window, k_max, tile):  # pragma: no cover - compiled
+    """Apply the items to ``out``, whose entries ``0..reach`` hold a profile; return the new
+    reach (entries above it are left unfilled)."""
     group_w = np.empty(k_max, dtype=np.int64)
     group_v = np.empty(k_max, dtype=np.float64)
     i, n = 0, len(weights)
@@ -114,7 +114,7 @@ def profile(weights, values, capacity, out, window, k_max, tile):  # pragma: no 
         else:
             _apply_group(out, group_w, group_v, k, new_reach, tile)
         reach = new_reach
-    out[reach + 1 : capacity + 1] = out[reach]
+    return reach
 
 
 @_jit

@@ -9,14 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def profile(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray, *_grouping: int) -> None:
-    """Fill ``out[:capacity + 1]`` with the value profile (see ``profile.profile``).
+def extend(
+    weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray, reach: int, *_grouping: int
+) -> int:
+    """Apply the items to ``out``, whose entries ``0..reach`` hold a profile; return the new
+    reach (see ``profile.profile``; entries above it are left unfilled).
 
     ``_grouping`` (window, items, tile of the numba kernel's grouped sweep) is ignored here:
     item by item gives the same numbers.
     """
-    out[0] = 0.0
-    reach = 0
     for w, v in zip(weights.tolist(), values.tolist(), strict=True):
         if w > capacity:
             continue
@@ -24,7 +25,7 @@ def profile(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndar
         out[reach + 1 : new_reach + 1] = out[reach]
         _improved(out, w, v, new_reach)
         reach = new_reach
-    out[reach + 1 : capacity + 1] = out[reach]
+    return reach
 
 
 def _improved(out: np.ndarray, w: int, v: float, hi: int) -> np.ndarray:

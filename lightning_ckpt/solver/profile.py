@@ -61,7 +61,15 @@ def _as_items(weights: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.n
     return np.ascontiguousarray(weights, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64)
 
 
-def profile(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray) -> None:
+def profile(
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    out: np.ndarray,
+    *,
+    save_at: int | None = None,
+    saved: np.ndarray | None = None,
+) -> None:
     """Fill ``out[:capacity + 1]`` with the knapsack value profile of the items.
 
     Args:
@@ -69,15 +77,28 @@ def profile(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndar
         values: Item values (floats >= 0), same length.
         capacity: Largest capacity of the profile.
         out: A float64 array with at least ``capacity + 1`` entries, overwritten.
+        save_at: Also write the profile of the first ``save_at`` items (a checkpoint, for
+            free on the way) into ``saved``.
+        saved: Array of ``min(capacity, weights[:save_at].sum()) + 1`` floats or more; the
+            checkpoint fills all of it (the profile is flat beyond its items' total weight).
 
     Example:
-        >>> out = np.empty(4)
-        >>> profile(np.array([1, 1, 1]), np.array([1.0, 1.0, 1.0]), 1, out)
-        >>> out[:2].tolist()
-        [0.0, 1.0]
+        >>> out, saved = np.empty(4), np.empty(2)
+        >>> profile(np.array([1, 1, 1]), np.array([1.0, 1.0, 1.0]), 3, out, save_at=1, saved=saved)
+        >>> out.tolist(), saved.tolist()
+        ([0.0, 1.0, 2.0, 3.0], [0.0, 1.0])
     """
     weights, values = _as_items(weights, values)
-    _BACKEND.profile(weights, values, int(capacity), out, GROUP_WINDOW, GROUP_ITEMS, TILE)
+    capacity, grouping = int(capacity), (GROUP_WINDOW, GROUP_ITEMS, TILE)
+    out[0] = 0.0
+    reach = 0
+    if save_at is not None:
+        reach = _BACKEND.extend(weights[:save_at], values[:save_at], capacity, out, 0, *grouping)
+        saved[: reach + 1] = out[: reach + 1]
+        saved[reach + 1 :] = out[reach]
+        weights, values = weights[save_at:], values[save_at:]
+    reach = _BACKEND.extend(weights, values, capacity, out, reach, *grouping)
+    out[reach + 1 : capacity + 1] = out[reach]
 
 
 def solve_leaf(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray) -> np.ndarray:
