@@ -93,7 +93,7 @@ def profile(
     out[0] = 0.0
     reach = 0
     if save_at is not None:
-        reach = _BACKEND.extend(weights[:save_at], values[:save_at], capacity, out, 0, *grouping)
+        reach = int(_BACKEND.extend(weights[:save_at], values[:save_at], capacity, out, 0, *grouping))
         saved[: reach + 1] = out[: reach + 1]
         saved[reach + 1 :] = out[reach]
         weights, values = weights[save_at:], values[save_at:]
