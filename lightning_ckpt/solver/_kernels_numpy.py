@@ -23,7 +23,8 @@ def extend(
             continue
         new_reach = min(capacity, reach + w)
         out[reach + 1 : new_reach + 1] = out[reach]
-        _improved(out, w, v, new_reach)
+        target = out[w : new_reach + 1]
+        np.maximum(target, out[: new_reach + 1 - w] + v, out=target)  # a copy: reads before the item
         reach = new_reach
     return reach
 

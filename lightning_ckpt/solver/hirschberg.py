@@ -23,7 +23,7 @@ tasks of a level are independent, which is what ``parallel.py`` runs on several 
 Memory: one float64 arena of ``3 * (W + n)`` entries holds every profile and checkpoint (24
 bytes per capacity unit; checkpoints that do not fit are skipped); a leaf's bit table is at
 most ``LEAF_MAX_CELLS`` bits (512 KiB). Peak extra memory: 24 bytes per capacity unit + 512 KiB
-per process + O(n) (32 bytes per unit with the numpy fallback's temporaries).
+per process + O(n) (32 bytes per unit with the numpy fallback's temporary copy).
 
 Example:
     >>> w, v = np.array([1, 1, 1]), np.array([1.0, 1.0, 1.0])
