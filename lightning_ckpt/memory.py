@@ -32,8 +32,24 @@ __all__ = [
     "keep_cost_bytes",
     "measure_peak_bytes",
     "predict_peak_bytes",
+    "static_total_bytes",
     "track_peak_bytes",
 ]
+
+_STATIC_PARTS = ("param_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes", "strategy_bytes")
+
+
+def static_total_bytes(parts: Any) -> int:
+    """Sum of the static parts (parameters, gradients, optimizer state, buffers and the strategy's
+    own memory) of a ``StepProfile`` or a ``StaticMemory``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> static_total_bytes(SimpleNamespace(param_bytes=4, grad_bytes=4, optimizer_bytes=8,
+        ...                                    buffer_bytes=1, strategy_bytes=2))
+        19
+    """
+    return sum(int(getattr(parts, name)) for name in _STATIC_PARTS)
 
 
 def predict_peak_bytes(profile: StepProfile, checkpointed: Iterable[str]) -> int:

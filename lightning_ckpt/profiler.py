@@ -29,7 +29,7 @@ from lightning_ckpt._modules import resolve_modules
 from lightning_ckpt._recorder import Recorder
 from lightning_ckpt._storage import storage_key, storage_of, unique_storage_bytes
 from lightning_ckpt._timeline import alive_bytes
-from lightning_ckpt.memory import estimate_optimizer_bytes
+from lightning_ckpt.memory import estimate_optimizer_bytes, static_total_bytes
 from lightning_ckpt.wrapping import apply_checkpointing, checkpointed_names, remove_checkpointing
 
 __all__ = ["BackwardPhase", "ModuleProfile", "SavedStorage", "StepProfile", "profile_step"]
@@ -101,13 +101,7 @@ class StepProfile:
     @property
     def static_bytes(self) -> int:
         """Parameters, gradients, optimizer state, buffers and the strategy's own buffers."""
-        return (
-            self.param_bytes
-            + self.grad_bytes
-            + self.optimizer_bytes
-            + self.buffer_bytes
-            + self.strategy_bytes
-        )
+        return static_total_bytes(self)
 
     def module(self, name: str) -> ModuleProfile:
         """The profile of candidate ``name``."""

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch.nn as nn
 
+from lightning_ckpt.memory import static_total_bytes
+
 __all__ = [
     "NOT_MODELLED",
     "FsdpUnits",
@@ -73,13 +75,7 @@ class StaticMemory:
 
     @property
     def total_bytes(self) -> int:
-        return (
-            self.param_bytes
-            + self.grad_bytes
-            + self.optimizer_bytes
-            + self.buffer_bytes
-            + self.strategy_bytes
-        )
+        return static_total_bytes(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON, with ``total_bytes`` added."""
