@@ -12,14 +12,15 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_ckpt.candidates import find_candidates
-from lightning_ckpt.lightning_step import no_gradient_sync, training_loss_fn, untouched_training_state
-from lightning_ckpt.memory import track_peak_bytes
+from lightning_ckpt.core.candidates import find_candidates
+from lightning_ckpt.core.memory.meter import track_peak_bytes
+from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointing_removed, remove_checkpointing
+from lightning_ckpt.lightning.checks import check_trainer, strategy_checkpointed
+from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
 from lightning_ckpt.plan import CheckpointPlan
 from lightning_ckpt.planner import BudgetTooSmallError, make_plan
-from lightning_ckpt.profiler import StepProfile, profile_step
-from lightning_ckpt.trainer_checks import check_trainer, strategy_checkpointed
-from lightning_ckpt.wrapping import apply_checkpointing, remove_checkpointing
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class AutoCheckpoint(Callback):
         candidates = [name for name in candidates if name not in strategy_checkpointed(pl_module)]
         step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        with untouched_training_state(pl_module), no_gradient_sync(trainer):
+        with untouched_training_state(pl_module), no_gradient_sync(trainer), checkpointing_removed(pl_module):
             self._profile = profile_step(pl_module, step_fn, candidates, cost=self.cost, optimizer=optimizer)
         return self._profile
 

@@ -1,7 +1,7 @@
 """From a step profile and a budget to a `CheckpointPlan`: the knapsack formulation.
 
 Keep (store activations) or checkpoint (store only inputs, recompute in backward) each candidate. The
-memory model (`lightning_ckpt.memory`) guarantees, for every checkpointed set S,
+memory model (`lightning_ckpt.core.memory.model`) guarantees, for every checkpointed set S,
 
     predict_peak_bytes(profile, S) <= fixed_peak_bytes(profile) + sum(keep_cost_bytes[m] for m kept),
 
@@ -21,9 +21,9 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
-from lightning_ckpt.memory import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
+from lightning_ckpt.core.memory.model import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
+from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.plan import CheckpointPlan, PlanItem
-from lightning_ckpt.profiler import StepProfile
 from lightning_ckpt.solver import quantize, solve_knapsack
 
 log = logging.getLogger(__name__)

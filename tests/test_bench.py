@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from lightning_ckpt import bench
-from lightning_ckpt.bench import (
+from benchmarks import bench
+from benchmarks.bench import (
     FAMILIES,
     BenchOptions,
     BenchRow,

@@ -13,9 +13,9 @@ from lightning.pytorch.loggers import CSVLogger
 
 import lightning_ckpt.callback as callback_module
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
-from lightning_ckpt.memory import fixed_peak_bytes, predict_peak_bytes
+from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
+from lightning_ckpt.core.wrapping import checkpointed_names
 from lightning_ckpt.planner import BudgetTooSmallError
-from lightning_ckpt.wrapping import checkpointed_names
 
 GB = 1e9
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lightning_ckpt.candidates import find_candidates
+from lightning_ckpt.core.candidates import find_candidates
 from tests.tiny_gpt import GPT, GPTConfig
 
 BLOCKS = [f"transformer.h.{i}" for i in range(3)]
@@ -40,7 +40,7 @@ def test_targets_by_class_name_or_glob(model, targets, expected):
 
 
 def test_overlapping_targets_keep_the_outermost_and_log_it(model, caplog):
-    with caplog.at_level(logging.INFO, logger="lightning_ckpt.candidates"):
+    with caplog.at_level(logging.INFO, logger="lightning_ckpt.core.candidates"):
         assert find_candidates(model, ["transformer.h.*.mlp", "Block", "Linear"]) == [*BLOCKS, "lm_head"]
     assert "'transformer.h.0.mlp' dropped: its ancestor 'transformer.h.0'" in caplog.text
 
@@ -69,7 +69,7 @@ def _conv_blocks() -> nn.Module:
 
 def test_running_stats_modules_are_excluded_with_a_reason_unless_allowed(caplog):
     model = _conv_blocks()
-    with caplog.at_level(logging.INFO, logger="lightning_ckpt.candidates"):
+    with caplog.at_level(logging.INFO, logger="lightning_ckpt.core.candidates"):
         assert find_candidates(model) == ["1"]
     assert "candidate '0' excluded: BatchNorm2d at '0.1' updates running statistics" in caplog.text
     assert find_candidates(model, allow_unsafe=True) == ["0", "1", "2"]

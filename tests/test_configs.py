@@ -9,7 +9,7 @@ import pytest
 
 from examples.data import CharDataModule
 from examples.gpt import GPT, Block, GPTConfig
-from lightning_ckpt.run_config import load_run_config
+from lightning_ckpt.offline.run_config import load_run_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 _CALLBACK_ARGS = {"budget_gb", "targets", "cost", "solver", "quantum_bytes", "workers"}

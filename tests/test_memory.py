@@ -8,17 +8,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lightning_ckpt.candidates import find_candidates
-from lightning_ckpt.memory import (
-    estimate_optimizer_bytes,
-    fixed_peak_bytes,
-    keep_cost_bytes,
-    measure_peak_bytes,
-    predict_peak_bytes,
-    track_peak_bytes,
-)
-from lightning_ckpt.profiler import ModuleProfile, StepProfile, profile_step
-from lightning_ckpt.wrapping import apply_checkpointing, remove_checkpointing
+from lightning_ckpt.core.candidates import find_candidates
+from lightning_ckpt.core.memory.meter import measure_peak_bytes, track_peak_bytes
+from lightning_ckpt.core.memory.model import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
+from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
+from lightning_ckpt.core.profile_types import ModuleProfile, StaticMemory, StepProfile
+from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
 from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
 
@@ -98,7 +94,12 @@ def test_knapsack_contract_on_a_hand_made_profile_without_timeline():
     modules = tuple(
         ModuleProfile(f"m{i}", rng.randrange(100, 1000), rng.randrange(0, 200), 0.0, 0) for i in range(8)
     )
-    profile = StepProfile(modules, 10, 10, 20, 5, other_activation_bytes=50, backward_extra_bytes=30)
+    profile = StepProfile(
+        modules,
+        StaticMemory("single device", 10, 10, 20, 5),
+        other_activation_bytes=50,
+        backward_extra_bytes=30,
+    )
     _assert_knapsack_contract(profile)
     assert predict_peak_bytes(profile, []) == profile.static_bytes + 50 + 30 + sum(
         m.activation_bytes for m in modules

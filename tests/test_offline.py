@@ -15,10 +15,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from examples.gpt import GPT
 from lightning_ckpt.callback import AutoCheckpoint
-from lightning_ckpt.offline import first_batch, main, plan_offline, profile_training_step
+from lightning_ckpt.core.memory.static import FsdpUnits, ModelSizes, fsdp_static, fsdp_units, wrap_classes_of
+from lightning_ckpt.offline.cli import main
+from lightning_ckpt.offline.fake_step import first_batch, profile_training_step
+from lightning_ckpt.offline.plan import plan_offline
+from lightning_ckpt.offline.run_config import ClassSpec, load_run_config
 from lightning_ckpt.planner import BudgetTooSmallError
-from lightning_ckpt.run_config import ClassSpec, load_run_config
-from lightning_ckpt.static_memory import FsdpUnits, ModelSizes, fsdp_static, fsdp_units, wrap_classes_of
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_ARGS = {"block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 64}

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from lightning_ckpt.memory import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
+from lightning_ckpt.core.memory.model import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
+from lightning_ckpt.core.profile_types import ModuleProfile, StaticMemory, StepProfile
 from lightning_ckpt.plan import CheckpointPlan
 from lightning_ckpt.planner import BudgetTooSmallError, make_plan
-from lightning_ckpt.profiler import ModuleProfile, StepProfile
 
 MB = 1_000_000
 
@@ -22,9 +22,8 @@ def hand_profile(activations_mb, inputs_mb=None, seconds=None, static_mb=100) ->
         ModuleProfile(f"h.{i}", int(a * MB), int(x * MB), s, flops=int(s * 1e12))
         for i, (a, x, s) in enumerate(zip(activations_mb, inputs_mb, seconds, strict=True))
     )
-    return StepProfile(
-        modules, static_mb * MB, 0, 0, 0, other_activation_bytes=5 * MB, backward_extra_bytes=2 * MB
-    )
+    static = StaticMemory("single device", static_mb * MB, 0, 0, 0)
+    return StepProfile(modules, static, other_activation_bytes=5 * MB, backward_extra_bytes=2 * MB)
 
 
 def test_everything_fits_keeps_everything():

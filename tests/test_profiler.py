@@ -9,8 +9,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.modules import module as module_globals
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_ckpt.profiler import StepProfile, profile_step
-from lightning_ckpt.wrapping import apply_checkpointing, checkpointed_names
+from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, checkpointing_removed
 from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
 BLOCKS = ["transformer.h.0", "transformer.h.1"]
@@ -74,8 +75,8 @@ def test_parameters_and_buffers_are_not_activations():
     x = torch.randn(5, 8)
     profile = _profile(_Linear(), ["child"], x)
     assert profile.module("child").activation_bytes == x.nbytes
-    assert profile.param_bytes == 64 * F32 and profile.buffer_bytes == 8 * F32
-    assert profile.grad_bytes == 64 * F32
+    assert profile.static.param_bytes == 64 * F32 and profile.static.buffer_bytes == 8 * F32
+    assert profile.static.grad_bytes == 64 * F32
 
 
 def test_a_tensor_saved_while_nested_candidates_run_belongs_to_the_innermost():
@@ -140,11 +141,14 @@ def test_flops_are_the_forward_flops_of_each_module():
         assert profile.module(name).flops == counter.get_total_flops()
 
 
-def test_checkpointed_modules_are_profiled_unwrapped_and_wrapped_again():
+def test_checkpointed_modules_are_refused_and_profiled_inside_checkpointing_removed():
     model, idx, targets = _gpt()
     expected = profile_step(model, lambda: model(idx, targets), BLOCKS, "flops")
     apply_checkpointing(model, BLOCKS[:1])
-    assert profile_step(model, lambda: model(idx, targets), BLOCKS, "flops") == expected
+    with pytest.raises(ValueError, match="must have no checkpointed modules.*checkpointing_removed"):
+        profile_step(model, lambda: model(idx, targets), BLOCKS, "flops")
+    with checkpointing_removed(model):
+        assert profile_step(model, lambda: model(idx, targets), BLOCKS, "flops") == expected
     assert checkpointed_names(model) == BLOCKS[:1]
 
 

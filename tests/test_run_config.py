@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ckpt.run_config import ClassSpec, RunConfig, load_run_config
+from lightning_ckpt.offline.run_config import ClassSpec, RunConfig, load_run_config
 
 MODEL = (
     "model:\n  class_path: examples.gpt.GPT\n  init_args: {n_layer: 2}\n"

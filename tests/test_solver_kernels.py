@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.bench.generators import FAMILIES, make_instance
 from lightning_ckpt.solver import _kernels_numpy, reduce
-from lightning_ckpt.solver.instances import FAMILIES, make_instance
-from lightning_ckpt.solver.profile import cell_updates, profile
+from lightning_ckpt.solver.value_profile import cell_updates, profile
 
 numba_kernels = pytest.importorskip("lightning_ckpt.solver._kernels_numba")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.bench.generators import FAMILIES, make_instance
 from lightning_ckpt.solver import api, hirschberg, last_solve_stats, parallel, solve_knapsack
-from lightning_ckpt.solver.instances import FAMILIES, make_instance
-from lightning_ckpt.solver.profile import cell_updates
+from lightning_ckpt.solver.value_profile import cell_updates
 
 EXACT = ("auto", "hirschberg", "dp")
 

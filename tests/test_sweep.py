@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ckpt import sweep
-from lightning_ckpt.sweep import BudgetVerdict, PolicyResult, default_budgets_gb, hand_policy_blocks, verdicts
+from benchmarks.sweep import cli as sweep
+from benchmarks.sweep.cli import BudgetVerdict, PolicyResult, default_budgets_gb, hand_policy_blocks, verdicts
 
 CPU_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "gpt-cpu.yaml")
 TINY_OVERRIDES = [
@@ -102,7 +102,7 @@ def test_bad_arguments_are_refused() -> None:
 
 
 def test_a_mistyped_flag_is_refused_not_taken_as_an_override(capsys):
-    from lightning_ckpt import sweep
+    from benchmarks.sweep import cli as sweep
 
     assert sweep.main(["--config", "configs/gpt-cpu.yaml", "--trials", "4"]) == 2
     assert "unrecognized option '--trials'" in capsys.readouterr().err

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_ckpt.profiler import profile_step
-from lightning_ckpt.wrapping import (
+from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.core.wrapping import (
     apply_checkpointing,
     checkpointed_names,
     remove_checkpointing,
@@ -192,7 +192,7 @@ def test_state_dict_and_parameter_names_unchanged_and_round_trip():
 
 def test_remove_restores_forward_and_logs(caplog):
     model = _model()
-    with caplog.at_level(logging.INFO, logger="lightning_ckpt.wrapping"):
+    with caplog.at_level(logging.INFO, logger="lightning_ckpt.core.wrapping"):
         apply_checkpointing(model, BLOCKS[:2])
     assert "applied to 2 module(s): transformer.h.0, transformer.h.1" in caplog.text
     assert checkpointed_names(model) == BLOCKS[:2]

@@ -7,7 +7,7 @@ Example:
 """
 
 from lightning_ckpt.solver.api import KnapsackResult, last_solve_stats, solve_knapsack
-from lightning_ckpt.solver.profile import KERNEL
 from lightning_ckpt.solver.quantize import quantize
+from lightning_ckpt.solver.value_profile import KERNEL
 
 __all__ = ["KERNEL", "KnapsackResult", "last_solve_stats", "quantize", "solve_knapsack"]

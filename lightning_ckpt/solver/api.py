@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightning_ckpt.solver import baselines, hirschberg, parallel
-from lightning_ckpt.solver.memory import check_fits
-from lightning_ckpt.solver.profile import KERNEL
+from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.reduce import reduce_instance
 from lightning_ckpt.solver.validate import validate_inputs
+from lightning_ckpt.solver.value_profile import KERNEL
 
 __all__ = ["KnapsackResult", "solve_knapsack", "last_solve_stats"]
 

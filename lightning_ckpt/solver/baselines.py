@@ -14,7 +14,7 @@ import logging
 
 import numpy as np
 
-from lightning_ckpt.solver.memory import check_fits
+from lightning_ckpt.solver.fits import check_fits
 
 __all__ = ["DP_TABLE_LIMIT_BYTES", "dp_table", "greedy", "ilp"]
 

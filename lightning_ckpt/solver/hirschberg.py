@@ -41,7 +41,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from lightning_ckpt.solver.profile import best_split, cell_updates, profile, solve_leaf
+from lightning_ckpt.solver.value_profile import best_split, cell_updates, profile, solve_leaf
 
 __all__ = ["Task", "LocalExecutor", "arena_size", "solve_segments", "run_task", "split_point"]
 

@@ -1,14 +1,15 @@
 """Profile one training step: what each candidate module saves for backward and what recomputing it costs.
 
 ``profile_step`` runs one real forward+backward with saved-tensor hooks, module hooks, a live-storage
-counter and ``FlopCounterMode``, and returns a :class:`StepProfile` that :mod:`lightning_ckpt.memory`
+counter and ``FlopCounterMode``, and returns a :class:`StepProfile` that :mod:`lightning_ckpt.core.memory.model`
 turns into a peak-memory prediction for any set of checkpointed candidates.
 
 Side effects, by design: the step consumes random numbers (dropout), so the caller restores RNG state if
 it matters; parameter gradients are saved before and restored after (the profile runs on fresh zero
-gradients, so that gradients are present during the backward as in any later step). Modules already
-checkpointed by :func:`lightning_ckpt.wrapping.apply_checkpointing` are unwrapped for the profile and
-wrapped again afterwards. Memory is counted per storage, on real or fake tensors.
+gradients, so that gradients are present during the backward as in any later step). It only measures:
+a model with modules checkpointed by :func:`lightning_ckpt.core.wrapping.apply_checkpointing` is refused
+(profile it inside :func:`lightning_ckpt.core.wrapping.checkpointing_removed`). Memory is counted per
+storage, on real or fake tensors.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -25,87 +25,16 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_ckpt._modules import resolve_modules
-from lightning_ckpt._recorder import Recorder
-from lightning_ckpt._storage import storage_key, storage_of, unique_storage_bytes
-from lightning_ckpt._timeline import alive_bytes
-from lightning_ckpt.memory import estimate_optimizer_bytes, static_total_bytes
-from lightning_ckpt.wrapping import apply_checkpointing, checkpointed_names, remove_checkpointing
+from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
+from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
+from lightning_ckpt.core.memory.timeline import alive_bytes
+from lightning_ckpt.core.names import resolve_modules
+from lightning_ckpt.core.profile_types import BackwardPhase, ModuleProfile, SavedStorage, StepProfile
+from lightning_ckpt.core.recorder import Recorder
+from lightning_ckpt.core.storage import storage_key, storage_of, unique_storage_bytes
+from lightning_ckpt.core.wrapping import checkpointed_names
 
-__all__ = ["BackwardPhase", "ModuleProfile", "SavedStorage", "StepProfile", "profile_step"]
-
-
-@dataclass(frozen=True)
-class ModuleProfile:
-    """What one candidate costs: memory it saves for backward, memory a checkpoint keeps, recompute cost."""
-
-    name: str
-    """Qualified name as in ``model.named_modules()``, wrapper prefixes stripped."""
-    activation_bytes: int
-    """Bytes of the distinct storages saved for backward inside this module (innermost candidate wins);
-    includes saved inputs. Checkpointing frees the part that is not an input (see ``keep_cost_bytes``)."""
-    input_bytes: int
-    """Bytes of the distinct storages of the module's tensor inputs, which a checkpoint keeps instead."""
-    recompute_seconds: float
-    """Time of one forward of the module (summed over calls; 0.0 when ``cost="flops"``)."""
-    flops: int
-    """Forward flops of the module (``FlopCounterMode``), summed over calls."""
-
-
-@dataclass(frozen=True)
-class SavedStorage:
-    """One storage saved for backward or given to a candidate: the timeline the memory model needs."""
-
-    nbytes: int
-    saves: tuple[tuple[str | None, int], ...]
-    """(innermost candidate or ``None``, forward sequence number) of each save."""
-    inputs: tuple[tuple[str, int], ...]
-    """(candidate, forward sequence number of the call) for each call that took it as a tensor input."""
-
-
-@dataclass(frozen=True)
-class BackwardPhase:
-    """The measured peak of one point of the backward, beyond the saved storages alive there."""
-
-    time: float
-    """Forward sequence number the backward has reached (``inf``: forward, loss and head of the backward)."""
-    candidate: str | None
-    """Candidate whose forward holds ``time`` (it is being recomputed there if checkpointed), or None."""
-    extra_bytes: int
-    """Peak live bytes in this phase minus the saved bytes alive there (gradients, temporaries)."""
-
-
-@dataclass(frozen=True)
-class StepProfile:
-    """Memory and compute of one training step, per candidate and overall (bytes, seconds, flops)."""
-
-    modules: tuple[ModuleProfile, ...]
-    param_bytes: int
-    grad_bytes: int
-    """Bytes of the gradients of trainable parameters (counted even before the first backward)."""
-    optimizer_bytes: int
-    """Optimizer state bytes (estimated from the optimizer type when it has no state yet)."""
-    buffer_bytes: int
-    other_activation_bytes: int
-    """Bytes saved for backward outside every candidate."""
-    backward_extra_bytes: int
-    """The most the backward needs beyond the saved activations alive at that moment: activation
-    gradients and op temporaries (the largest ``BackwardPhase.extra_bytes``)."""
-    storages: tuple[SavedStorage, ...] = ()
-    """Storage-level timeline; empty in hand-made profiles (the memory model then uses the totals)."""
-    phases: tuple[BackwardPhase, ...] = ()
-    strategy_bytes: int = 0
-    """Memory the distributed strategy holds per device besides the above (DDP gradient buckets, FSDP's
-    gathered units); 0 from :func:`profile_step`, set by :mod:`lightning_ckpt.static_memory` users."""
-
-    @property
-    def static_bytes(self) -> int:
-        """Parameters, gradients, optimizer state, buffers and the strategy's own buffers."""
-        return static_total_bytes(self)
-
-    def module(self, name: str) -> ModuleProfile:
-        """The profile of candidate ``name``."""
-        return next(module for module in self.modules if module.name == name)
+__all__ = ["profile_step"]
 
 
 def profile_step(
@@ -125,11 +54,11 @@ def profile_step(
         cost: ``"time"`` also times one more forward per step to get ``recompute_seconds`` (CUDA events
             on CUDA, ``perf_counter`` on CPU); ``"flops"`` skips it (required for fake tensors).
         optimizer: an optimizer instance, class or name, for the optimizer-state bytes (see
-            :func:`lightning_ckpt.memory.estimate_optimizer_bytes`).
+            :func:`lightning_ckpt.core.memory.model.estimate_optimizer_bytes`).
 
     Raises:
-        ValueError: bad ``cost``, unknown candidate names, ``cost="time"`` on fake tensors, or a
-            ``step_fn`` that does not return a loss that requires grad.
+        ValueError: bad ``cost``, unknown candidate names, ``cost="time"`` on fake tensors, checkpointed
+            modules, or a ``step_fn`` that does not return a loss that requires grad.
 
     Example:
         >>> import torch
@@ -151,12 +80,22 @@ def profile_step(
         raise ValueError(
             '`cost` must be "flops" when the model has fake tensors (nothing to time), got "time"'
         )
-    with _unwrapped(model), _fresh_grads(model):
+    _refuse_checkpointed(model)
+    with _fresh_grads(model):
         recorder = Recorder(modules, _param_and_buffer_keys(model), FlopCounterMode(display=False))
         with recorder.recording():
             _backward(step_fn())
         seconds = _timed_forwards(modules, step_fn) if cost == "time" else dict.fromkeys(modules, 0.0)
     return _build_profile(model, recorder, seconds, optimizer)
+
+
+def _refuse_checkpointed(model: nn.Module) -> None:
+    names = checkpointed_names(model)
+    if names:
+        raise ValueError(
+            "`model` must have no checkpointed modules while it is profiled (a checkpoint hides what they"
+            f" save), got {names[:4]} checkpointed; profile inside `checkpointing_removed(model)`"
+        )
 
 
 def _backward(loss: Any) -> None:
@@ -170,18 +109,6 @@ def _backward(loss: Any) -> None:
 def _param_and_buffer_keys(model: nn.Module) -> set[int]:
     tensors = [*model.parameters(), *model.buffers()]
     return {storage_key(s) for s in map(storage_of, tensors) if s is not None}
-
-
-@contextlib.contextmanager
-def _unwrapped(model: nn.Module) -> Iterator[None]:
-    """Remove this package's checkpointing for the duration (a checkpoint would hide the saved tensors)."""
-    names = checkpointed_names(model)
-    remove_checkpointing(model)
-    try:
-        yield
-    finally:
-        if names:
-            apply_checkpointing(model, names)
 
 
 @contextlib.contextmanager
@@ -284,10 +211,14 @@ def _build_profile(
     trainable = [p for p in params if p.requires_grad]
     return StepProfile(
         modules=modules,
-        param_bytes=unique_storage_bytes(params),
-        grad_bytes=sum(p.numel() * p.element_size() for p in trainable),
-        optimizer_bytes=estimate_optimizer_bytes(trainable, optimizer),
-        buffer_bytes=unique_storage_bytes(model.buffers()),
+        static=single_device_static(
+            ModelSizes(
+                param_bytes=unique_storage_bytes(params),
+                grad_bytes=sum(p.numel() * p.element_size() for p in trainable),
+                optimizer_bytes=estimate_optimizer_bytes(trainable, optimizer),
+                buffer_bytes=unique_storage_bytes(model.buffers()),
+            )
+        ),
         other_activation_bytes=_bytes_where(storages, lambda s: any(owner is None for owner, _ in s.saves)),
         backward_extra_bytes=max((phase.extra_bytes for phase in phases), default=0),
         storages=storages,

@@ -20,8 +20,6 @@ from typing import Any
 
 import torch.nn as nn
 
-from lightning_ckpt.memory import static_total_bytes
-
 __all__ = [
     "NOT_MODELLED",
     "FsdpUnits",
@@ -75,7 +73,19 @@ class StaticMemory:
 
     @property
     def total_bytes(self) -> int:
-        return static_total_bytes(self)
+        """The sum of the five parts.
+
+        Example:
+            >>> StaticMemory("single device", 4, 4, 8, 1, strategy_bytes=2).total_bytes
+            19
+        """
+        return (
+            self.param_bytes
+            + self.grad_bytes
+            + self.optimizer_bytes
+            + self.buffer_bytes
+            + self.strategy_bytes
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON, with ``total_bytes`` added."""

@@ -8,10 +8,10 @@ import platform
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from lightning_ckpt.bench.harness import BenchReport, _gigabytes
-from lightning_ckpt.bench.instances import FAMILIES, BenchRow, _short
-from lightning_ckpt.bench.methods import TORCH_REFERENCE
-from lightning_ckpt.bench.runner import MAX_REPEATS
+from benchmarks.bench.harness import BenchReport, _gigabytes
+from benchmarks.bench.instances import FAMILIES, BenchRow, _short
+from benchmarks.bench.methods import TORCH_REFERENCE
+from benchmarks.bench.runner import MAX_REPEATS
 
 BYTES_PER_MB = 1e6
 

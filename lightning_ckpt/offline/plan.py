@@ -1,34 +1,32 @@
 """``lightning-ckpt plan``: plan a run from its LightningCLI YAML on fake tensors, without the hardware.
 
 The training step is profiled on fake tensors exactly as :class:`~lightning_ckpt.AutoCheckpoint` profiles
-it (:mod:`lightning_ckpt.fake_step`), with the recompute cost counted in FLOPs, and planned with the same
+it (:mod:`lightning_ckpt.offline.fake_step`), with the recompute cost counted in FLOPs, and planned with the same
 ``make_plan``. The static memory (parameters, gradients, optimizer state, strategy buffers) is the
-per-device figure of the configured strategy (:mod:`lightning_ckpt.offline_static`).
+per-device figure of the configured strategy (:mod:`lightning_ckpt.offline.static`).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import logging
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_ckpt._cli_args import positive_float, positive_int
 from lightning_ckpt.callback import AutoCheckpoint
-from lightning_ckpt.fake_step import _fake_profile, first_batch, precision_plugin, profile_training_step
+from lightning_ckpt.core.memory.static import StaticMemory
+from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.offline.fake_step import (
+    _fake_profile,
+    first_batch,
+)
+from lightning_ckpt.offline.run_config import RunConfig, load_run_config
 from lightning_ckpt.plan import CheckpointPlan
 from lightning_ckpt.planner import make_plan
-from lightning_ckpt.profiler import StepProfile
-from lightning_ckpt.run_config import RunConfig, load_run_config
-from lightning_ckpt.static_memory import StaticMemory
 
-__all__ = ["OfflinePlan", "first_batch", "main", "plan_offline", "precision_plugin", "profile_training_step"]
+__all__ = ["OfflinePlan", "plan_offline"]
 
 _GB = 1e9
 
@@ -208,58 +206,3 @@ def _with_seconds(profile: StepProfile, tflops: float | None) -> StepProfile:
         dataclasses.replace(m, recompute_seconds=m.flops / (tflops * 1e12)) for m in profile.modules
     )
     return dataclasses.replace(profile, modules=modules)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lightning-ckpt plan",
-        description="Plan a run's activation checkpointing from its LightningCLI YAML on fake tensors"
-        " (no GPU, no weight memory): the plan table and the predicted peak per device.",
-    )
-    parser.add_argument("--config", required=True, help="the training YAML (as for `fit --config`)")
-    parser.add_argument(
-        "--budget-gb", type=positive_float, help="per-device budget in GB (default: the config's)"
-    )
-    parser.add_argument("--devices", type=positive_int, help="devices per node (replaces trainer.devices)")
-    parser.add_argument("--num-nodes", type=positive_int, help="nodes (replaces trainer.num_nodes)")
-    parser.add_argument("--tflops", type=positive_float, help="device TFLOP/s, to show recompute time")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        type=_override,
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set data.init_args.batch_size=16 (repeatable)",
-    )
-    parser.add_argument("--json", type=Path, help="also write the plan and its context to this JSON file")
-    return parser
-
-
-def _override(text: str) -> list[str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"must be KEY=VALUE, got {text!r}")
-    return [f"--{key.strip().removeprefix('--')}", value]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``lightning-ckpt plan``: print the offline plan (and write JSON); exit status 1 if it cannot plan."""
-    args = _parser().parse_args(argv)
-    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to ..."
-    try:
-        result = plan_offline(
-            args.config,
-            overrides=[part for pair in args.set for part in pair],
-            budget_gb=args.budget_gb,
-            devices=args.devices,
-            num_nodes=args.num_nodes,
-            tflops=args.tflops,
-        )
-    except ValueError as error:  # BudgetTooSmallError included: its message names the smallest budget
-        sys.stderr.write(f"lightning-ckpt plan: {error}\n")
-        return 1
-    sys.stdout.write(f"{result}\n")
-    if args.json is not None:
-        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-        sys.stdout.write(f"wrote {args.json}\n")
-    return 0

@@ -1,6 +1,6 @@
 """The harness: run methods on instances with the skip rules, check and score the answers.
 
-One warm runner per method (:mod:`lightning_ckpt.bench.runner`); a run is skipped when its estimated time
+One warm runner per method (:mod:`benchmarks.bench.runner`); a run is skipped when its estimated time
 (scaled from the method's costliest run so far) is over ``max_seconds``, refused when its full table does
 not fit in ``max_memory_gb``, and marked n/a when its dependencies are not installed.
 """
@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lightning_ckpt.bench.instances import PAPER_W, BenchRow, KnapsackInstance, _short, make_instance
-from lightning_ckpt.bench.methods import METHODS, TORCH_REFERENCE
-from lightning_ckpt.bench.runner import _Runner
+from benchmarks.bench.instances import PAPER_W, BenchRow, KnapsackInstance, _short, make_instance
+from benchmarks.bench.methods import METHODS, TORCH_REFERENCE
+from benchmarks.bench.runner import _Runner
 
 _WARM_UP_LARGE = {"hirschberg-w2": (400, 1_000_000)}  # n, W: above the solver's threshold for workers
 
@@ -217,7 +217,7 @@ def run_grid(
     """Run ``methods`` on every instance of the grid (smallest first, so time estimates are measured).
 
     Args:
-        families: instance families, see ``lightning_ckpt.solver.instances``.
+        families: instance families, see ``benchmarks.bench.generators``.
         ns: item counts.
         capacities: capacities ``W``.
         methods: names from ``METHODS``, shown in this order for each instance.

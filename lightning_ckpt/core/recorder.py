@@ -19,7 +19,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_ckpt._storage import LiveStorageTracker, storage_key, storage_of
+from lightning_ckpt.core.storage import LiveStorageTracker, storage_key, storage_of
 
 
 @dataclass

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from lightning_ckpt._modules import example_names, strip_wrapper_prefixes, stripped_modules
+from lightning_ckpt.core.names import example_names, strip_wrapper_prefixes, stripped_modules
 
 __all__ = ["find_candidates"]
 

@@ -1,7 +1,7 @@
 """The parent process side of a runner: one persistent child per method, its time limit and memory.
 
 Memory is the growth over the pre-call baseline of the child's own high-water mark (measured in the
-child, :mod:`lightning_ckpt.bench.child`) and of the proportional set size of its whole process tree,
+child, :mod:`benchmarks.bench.child`) and of the proportional set size of its whole process tree,
 sampled here while the call runs.
 """
 
@@ -16,10 +16,10 @@ import sys
 import tempfile
 import time
 
-from lightning_ckpt.bench.instances import KnapsackInstance
+from benchmarks.bench.instances import KnapsackInstance
 
 MAX_REPEATS = 5
-_SERVE = "from lightning_ckpt.bench.child import _serve_stdio; _serve_stdio()"
+_SERVE = "from benchmarks.bench.child import _serve_stdio; _serve_stdio()"
 
 
 def _descendants(pid: int) -> list[int]:

@@ -28,12 +28,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 from torch.utils.data import IterableDataset
 
-from lightning_ckpt.candidates import find_candidates
-from lightning_ckpt.lightning_step import training_loss_fn
-from lightning_ckpt.offline_static import _FakeModel, _param_dtypes, _static_memory
-from lightning_ckpt.profiler import StepProfile, profile_step
-from lightning_ckpt.run_config import ClassSpec, RunConfig
-from lightning_ckpt.static_memory import StaticMemory
+from lightning_ckpt.core.candidates import find_candidates
+from lightning_ckpt.core.memory.static import StaticMemory
+from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.lightning.step import training_loss_fn
+from lightning_ckpt.offline.run_config import ClassSpec, RunConfig
+from lightning_ckpt.offline.static import _FakeModel, _param_dtypes, _static_memory
 
 __all__ = ["first_batch", "precision_plugin", "profile_training_step"]
 
@@ -132,9 +133,8 @@ def _fake_profile(run: RunConfig, targets: Sequence[str] | None, batch: Any) -> 
         optimizer = _configured_optimizer(model)
         profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer)
     static = _static_memory(run, _FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
-    fields = ("param_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes", "strategy_bytes")
     return _Profiled(
-        profile=dataclasses.replace(profile, **{name: getattr(static, name) for name in fields}),
+        profile=dataclasses.replace(profile, static=static),
         num_parameters=sum(p.numel() for p in model.parameters()),
         batch_shapes=tuple(tuple(t.shape) for t in tree_leaves(batch) if isinstance(t, torch.Tensor)),
         static=static,

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from lightning_ckpt.sweep_run import PolicyResult, SweepSetup
+from benchmarks.sweep.run import PolicyResult, SweepSetup
 
 _GB = 1e9
 _MB = 1e6

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lightning_ckpt.bench.instances import (
+from benchmarks.bench.instances import (
     FAMILIES,
     PAPER_W,
     BenchRow,
@@ -13,7 +13,7 @@ from lightning_ckpt.bench.instances import (
     _short,
     make_instance,
 )
-from lightning_ckpt.bench.methods import METHODS, TORCH_REFERENCE
+from benchmarks.bench.methods import METHODS, TORCH_REFERENCE
 
 
 @dataclass(frozen=True)

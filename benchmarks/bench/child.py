@@ -1,7 +1,7 @@
 """The child process side of a runner: read a request, time the solver call, measure its memory.
 
 A child serves pickled requests on stdin with pickled results on stdout (``_serve_stdio``); the parent
-side is :mod:`lightning_ckpt.bench.runner`.
+side is :mod:`benchmarks.bench.runner`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from lightning_ckpt.bench.methods import _OUR_CALLS, SCALE
+from benchmarks.bench.methods import _OUR_CALLS, SCALE
 
 
 def _serve_stdio() -> None:

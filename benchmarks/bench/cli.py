@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightning_ckpt._cli_args import positive_int
-from lightning_ckpt.bench.harness import BenchOptions, run_grid, run_jobs
-from lightning_ckpt.bench.instances import DEFAULT_N, DEFAULT_W, FAMILIES
-from lightning_ckpt.bench.methods import METHODS
-from lightning_ckpt.bench.report import _footer, _header, format_table, write_json, write_plot
-from lightning_ckpt.bench.targets import _format_verdicts, _target_jobs, _targets, _verdict
+from benchmarks.bench.harness import BenchOptions, run_grid, run_jobs
+from benchmarks.bench.instances import DEFAULT_N, DEFAULT_W, FAMILIES
+from benchmarks.bench.methods import METHODS
+from benchmarks.bench.report import _footer, _header, format_table, write_json, write_plot
+from benchmarks.bench.targets import _format_verdicts, _target_jobs, _targets, _verdict
+from lightning_ckpt.cli import positive_int
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """Per-device static memory of the configured strategy for a model built on fake tensors.
 
 Parameters, gradients, optimizer state and strategy buffers, sized from the fake model's shapes in the
-dtypes the precision and the strategy keep them in (:mod:`lightning_ckpt.static_memory` has the formulas).
+dtypes the precision and the strategy keep them in (:mod:`lightning_ckpt.core.memory.static` has the formulas).
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ from typing import Any
 
 import torch
 
-from lightning_ckpt.memory import estimate_optimizer_bytes
-from lightning_ckpt.profiler import StepProfile
-from lightning_ckpt.run_config import ClassSpec, RunConfig
-from lightning_ckpt.static_memory import (
+from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
+from lightning_ckpt.core.memory.static import (
     ModelSizes,
     StaticMemory,
     ddp_static,
@@ -23,6 +21,8 @@ from lightning_ckpt.static_memory import (
     single_device_static,
     wrap_classes_of,
 )
+from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.offline.run_config import ClassSpec, RunConfig
 
 _HALF = {"bf16": torch.bfloat16, "16": torch.float16}
 
@@ -68,7 +68,8 @@ def _static_memory(run: RunConfig, built: _FakeModel) -> StaticMemory:
     if run.strategy_name == "fsdp":
         return _fsdp_memory(run, built)
     profile = built.profile
-    sizes = ModelSizes(profile.param_bytes, profile.grad_bytes, profile.optimizer_bytes, profile.buffer_bytes)
+    single = profile.static
+    sizes = ModelSizes(single.param_bytes, single.grad_bytes, single.optimizer_bytes, single.buffer_bytes)
     if run.strategy_name == "ddp":
         bucket_view = bool(run.strategy_args.get("gradient_as_bucket_view"))
         return ddp_static(sizes, gradient_as_bucket_view=bucket_view)
@@ -98,7 +99,7 @@ def _fsdp_memory(run: RunConfig, built: _FakeModel) -> StaticMemory:
         param_bytes=sum(p.numel() for p in params) * element_bytes,
         grad_bytes=sum(p.numel() for p in params if p.requires_grad) * element_bytes,
         optimizer_bytes=estimate_optimizer_bytes(master, built.optimizer),
-        buffer_bytes=built.profile.buffer_bytes,
+        buffer_bytes=built.profile.static.buffer_bytes,
     )
     given = args.get("sharding_strategy") or "FULL_SHARD"
     sharding = str(getattr(given, "name", given)).upper()  # a ShardingStrategy member or its name

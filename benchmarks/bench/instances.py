@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_ckpt.solver import instances as solver_instances
+from benchmarks.bench import generators as solver_instances
 
 DEFAULT_N = (100, 500, 1000, 2000)
 DEFAULT_W = (10**5, 10**6, 10**7)
@@ -33,7 +33,7 @@ class KnapsackInstance:
 
 
 def make_instance(family: str, n: int, capacity: int, seed: int = 0) -> KnapsackInstance:
-    """The instance of ``family`` from the solver's generators (``lightning_ckpt.solver.instances``).
+    """The instance of ``family`` from the solver's generators (``benchmarks.bench.generators``).
 
     Example:
         >>> instance = make_instance("B", 4, 100, seed=1)

@@ -2,7 +2,7 @@
 
 Memory: one short training run per policy (AutoCheckpoint's through the real callback, which profiles,
 plans and wraps on the first step); the peak of its last whole training step (forward, backward,
-optimizer step) is measured by :class:`~lightning_ckpt.memory.track_peak_bytes`, and its loss is kept
+optimizer step) is measured by :class:`~lightning_ckpt.core.memory.model.track_peak_bytes`, and its loss is kept
 (the same for every policy: checkpointing does not change the arithmetic).
 
 Time: one more training run that switches the checkpointed blocks before every step, cycling through
@@ -30,11 +30,11 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
 from lightning_ckpt.callback import AutoCheckpoint
-from lightning_ckpt.candidates import find_candidates
-from lightning_ckpt.memory import track_peak_bytes
+from lightning_ckpt.core.candidates import find_candidates
+from lightning_ckpt.core.memory.meter import track_peak_bytes
+from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
+from lightning_ckpt.offline.run_config import RunConfig, load_run_config
 from lightning_ckpt.planner import BudgetTooSmallError
-from lightning_ckpt.run_config import RunConfig, load_run_config
-from lightning_ckpt.wrapping import apply_checkpointing, remove_checkpointing
 
 log = logging.getLogger(__name__)
 

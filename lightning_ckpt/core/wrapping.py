@@ -8,18 +8,25 @@ are the same in the recomputation). Forward hooks of the module still run once, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from lightning_ckpt._modules import outer_modules, resolve_modules, strip_wrapper_prefixes
+from lightning_ckpt.core.names import outer_modules, resolve_modules, strip_wrapper_prefixes
 
-__all__ = ["apply_checkpointing", "checkpointed_names", "remove_checkpointing", "strip_wrapper_prefixes"]
+__all__ = [
+    "apply_checkpointing",
+    "checkpointed_names",
+    "checkpointing_removed",
+    "remove_checkpointing",
+    "strip_wrapper_prefixes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +117,30 @@ def remove_checkpointing(model: nn.Module) -> list[str]:
     if removed:
         log.info("activation checkpointing removed from %d module(s): %s", len(removed), ", ".join(removed))
     return removed
+
+
+@contextlib.contextmanager
+def checkpointing_removed(model: nn.Module) -> Iterator[list[str]]:
+    """Remove this package's checkpointing for the duration of the block, then put it back.
+
+    Yields the names that were unwrapped (to profile a model as it runs without checkpoints).
+
+    Example:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> _ = apply_checkpointing(model, ["0"])
+        >>> with checkpointing_removed(model) as names:
+        ...     names, checkpointed_names(model)
+        (['0'], [])
+        >>> checkpointed_names(model)
+        ['0']
+    """
+    names = remove_checkpointing(model)
+    try:
+        yield names
+    finally:
+        if names:
+            apply_checkpointing(model, names)
 
 
 def checkpointed_names(model: nn.Module) -> list[str]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from lightning_ckpt.profiler import SavedStorage
+    from lightning_ckpt.core.profile_types import SavedStorage
 
 
 def alive_from(storage: SavedStorage, checkpointed: Collection[str]) -> float:

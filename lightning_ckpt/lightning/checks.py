@@ -35,7 +35,7 @@ def strategy_checkpointed(module: torch.nn.Module) -> set[str]:
     """Qualified names (wrapper prefixes stripped) of modules inside a torch ``CheckpointWrapper``."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from lightning_ckpt.wrapping import strip_wrapper_prefixes
+    from lightning_ckpt.core.wrapping import strip_wrapper_prefixes
 
     names: set[str] = set()
     for name, child in module.named_modules():

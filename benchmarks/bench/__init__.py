@@ -21,12 +21,12 @@ Example:
     [('greedy', 'ok', True)]
 """
 
-from lightning_ckpt.bench.cli import main
-from lightning_ckpt.bench.harness import BenchOptions, BenchReport, run_grid, run_jobs
-from lightning_ckpt.bench.instances import FAMILIES, BenchRow, KnapsackInstance, make_instance
-from lightning_ckpt.bench.methods import METHODS
-from lightning_ckpt.bench.report import format_table, write_json, write_plot
-from lightning_ckpt.bench.targets import Target
+from benchmarks.bench.cli import main
+from benchmarks.bench.harness import BenchOptions, BenchReport, run_grid, run_jobs
+from benchmarks.bench.instances import FAMILIES, BenchRow, KnapsackInstance, make_instance
+from benchmarks.bench.methods import METHODS
+from benchmarks.bench.report import format_table, write_json, write_plot
+from benchmarks.bench.targets import Target
 
 __all__ = [
     "FAMILIES",

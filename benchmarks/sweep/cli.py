@@ -10,8 +10,8 @@ reads) and compares, from the same seeded weights on the same batches:
 - ``auto@<budget>``: :class:`~lightning_ckpt.AutoCheckpoint` at each budget (default: spread between the
   measured peaks of ``all`` and ``none``).
 
-How memory and time are measured: :mod:`lightning_ckpt.sweep_run`; the tables, verdicts, plot and
-JSON: :mod:`lightning_ckpt.sweep_report`.
+How memory and time are measured: :mod:`benchmarks.sweep.run`; the tables, verdicts, plot and
+JSON: :mod:`benchmarks.sweep.report`.
 
 Per budget: the fastest hand policy whose measured peak fits, and AutoCheckpoint's time ratio against it.
 
@@ -29,8 +29,7 @@ import sys
 
 import torch
 
-from lightning_ckpt._cli_args import positive_int
-from lightning_ckpt.sweep_report import (
+from benchmarks.sweep.report import (
     NOISE,
     BudgetVerdict,
     format_header,
@@ -40,7 +39,7 @@ from lightning_ckpt.sweep_report import (
     write_json,
     write_plot,
 )
-from lightning_ckpt.sweep_run import (
+from benchmarks.sweep.run import (
     CLOCKS,
     HAND_POLICIES,
     PolicyResult,
@@ -54,6 +53,7 @@ from lightning_ckpt.sweep_run import (
     run_sweep,
     time_policies,
 )
+from lightning_ckpt.cli import positive_int
 
 __all__ = [
     "CLOCKS",

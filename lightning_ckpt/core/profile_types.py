@@ -1,0 +1,79 @@
+"""The profile of one training step: plain, frozen data (no torch), made by :mod:`.profiler`.
+
+:func:`lightning_ckpt.core.memory.model.predict_peak_bytes` turns a :class:`StepProfile` into the peak
+memory of a step for any set of checkpointed candidates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_ckpt.core.memory.static import StaticMemory
+
+__all__ = ["BackwardPhase", "ModuleProfile", "SavedStorage", "StaticMemory", "StepProfile"]
+
+
+@dataclass(frozen=True)
+class ModuleProfile:
+    """What one candidate costs: memory it saves for backward, memory a checkpoint keeps, recompute cost."""
+
+    name: str
+    """Qualified name as in ``model.named_modules()``, wrapper prefixes stripped."""
+    activation_bytes: int
+    """Bytes of the distinct storages saved for backward inside this module (innermost candidate wins);
+    includes saved inputs. Checkpointing frees the part that is not an input (see ``keep_cost_bytes``)."""
+    input_bytes: int
+    """Bytes of the distinct storages of the module's tensor inputs, which a checkpoint keeps instead."""
+    recompute_seconds: float
+    """Time of one forward of the module (summed over calls; 0.0 when ``cost="flops"``)."""
+    flops: int
+    """Forward flops of the module (``FlopCounterMode``), summed over calls."""
+
+
+@dataclass(frozen=True)
+class SavedStorage:
+    """One storage saved for backward or given to a candidate: the timeline the memory model needs."""
+
+    nbytes: int
+    saves: tuple[tuple[str | None, int], ...]
+    """(innermost candidate or ``None``, forward sequence number) of each save."""
+    inputs: tuple[tuple[str, int], ...]
+    """(candidate, forward sequence number of the call) for each call that took it as a tensor input."""
+
+
+@dataclass(frozen=True)
+class BackwardPhase:
+    """The measured peak of one point of the backward, beyond the saved storages alive there."""
+
+    time: float
+    """Forward sequence number the backward has reached (``inf``: forward, loss and head of the backward)."""
+    candidate: str | None
+    """Candidate whose forward holds ``time`` (it is being recomputed there if checkpointed), or None."""
+    extra_bytes: int
+    """Peak live bytes in this phase minus the saved bytes alive there (gradients, temporaries)."""
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """Memory and compute of one training step, per candidate and overall (bytes, seconds, flops)."""
+
+    modules: tuple[ModuleProfile, ...]
+    static: StaticMemory
+    """Parameters, gradients, optimizer state, buffers and the strategy's own memory, per device."""
+    other_activation_bytes: int
+    """Bytes saved for backward outside every candidate."""
+    backward_extra_bytes: int
+    """The most the backward needs beyond the saved activations alive at that moment: activation
+    gradients and op temporaries (the largest ``BackwardPhase.extra_bytes``)."""
+    storages: tuple[SavedStorage, ...] = ()
+    """Storage-level timeline; empty in hand-made profiles (the memory model then uses the totals)."""
+    phases: tuple[BackwardPhase, ...] = ()
+
+    @property
+    def static_bytes(self) -> int:
+        """Parameters, gradients, optimizer state, buffers and the strategy's own memory."""
+        return self.static.total_bytes
+
+    def module(self, name: str) -> ModuleProfile:
+        """The profile of candidate ``name``."""
+        return next(module for module in self.modules if module.name == name)

@@ -1,0 +1,69 @@
+"""``lightning-ckpt plan``: the command line of :func:`lightning_ckpt.offline.plan_offline`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from lightning_ckpt.cli import positive_float, positive_int
+from lightning_ckpt.offline.plan import plan_offline
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-ckpt plan",
+        description="Plan a run's activation checkpointing from its LightningCLI YAML on fake tensors"
+        " (no GPU, no weight memory): the plan table and the predicted peak per device.",
+    )
+    parser.add_argument("--config", required=True, help="the training YAML (as for `fit --config`)")
+    parser.add_argument(
+        "--budget-gb", type=positive_float, help="per-device budget in GB (default: the config's)"
+    )
+    parser.add_argument("--devices", type=positive_int, help="devices per node (replaces trainer.devices)")
+    parser.add_argument("--num-nodes", type=positive_int, help="nodes (replaces trainer.num_nodes)")
+    parser.add_argument("--tflops", type=positive_float, help="device TFLOP/s, to show recompute time")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=_override,
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set data.init_args.batch_size=16 (repeatable)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the plan and its context to this JSON file")
+    return parser
+
+
+def _override(text: str) -> list[str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE, got {text!r}")
+    return [f"--{key.strip().removeprefix('--')}", value]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``lightning-ckpt plan``: print the offline plan (and write JSON); exit status 1 if it cannot plan."""
+    args = _parser().parse_args(argv)
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to ..."
+    try:
+        result = plan_offline(
+            args.config,
+            overrides=[part for pair in args.set for part in pair],
+            budget_gb=args.budget_gb,
+            devices=args.devices,
+            num_nodes=args.num_nodes,
+            tflops=args.tflops,
+        )
+    except ValueError as error:  # BudgetTooSmallError included: its message names the smallest budget
+        sys.stderr.write(f"lightning-ckpt plan: {error}\n")
+        return 1
+    sys.stdout.write(f"{result}\n")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        sys.stdout.write(f"wrote {args.json}\n")
+    return 0
