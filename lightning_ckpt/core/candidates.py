@@ -20,8 +20,8 @@ import logging
 from collections.abc import Sequence
 
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _NormBase
 
+from lightning_ckpt._compat import NormBase
 from lightning_ckpt.core.names import example_names, strip_wrapper_prefixes, stripped_modules
 
 __all__ = ["find_candidates"]
@@ -127,7 +127,7 @@ def _outermost(names: list[str]) -> list[str]:
 
 def _is_safe(name: str, module: nn.Module) -> bool:
     for inner_name, inner in module.named_modules():
-        if isinstance(inner, _NormBase) and inner.track_running_stats:
+        if isinstance(inner, NormBase) and inner.track_running_stats:
             where = f"{name}.{inner_name}" if inner_name else name
             log.info(
                 "candidate %r excluded: %s at %r updates running statistics again when recomputed "

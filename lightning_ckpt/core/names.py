@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 import torch.nn as nn
 
-_WRAPPER_PARTS = frozenset(
-    {"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module", "_forward_module"}
-)
+from lightning_ckpt._compat import WRAPPER_NAME_PARTS
+
+_WRAPPER_PARTS = WRAPPER_NAME_PARTS
 _LEADING_PARTS = frozenset({"module"})  # DDP / DataParallel: only as the first components
 
 

@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 import torch
 import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightning_ckpt._compat import FakeTensor
 from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
 from lightning_ckpt.core.memory.timeline import alive_bytes

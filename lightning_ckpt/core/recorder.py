@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightning_ckpt._compat import autocast_enabled, tree_leaves
 from lightning_ckpt.core.storage import LiveStorageTracker, storage_key, storage_of
 
 
@@ -70,9 +70,7 @@ class Recorder:
                 row = self._row(tensor)
                 if row is not None:
                     row.inputs.append((name, seq))
-            self.stack.append(
-                (name, self.flop_counter.get_total_flops(), torch._C._is_any_autocast_enabled())
-            )
+            self.stack.append((name, self.flop_counter.get_total_flops(), autocast_enabled()))
 
         return hook
 

@@ -13,8 +13,9 @@ from collections.abc import Hashable, Iterable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from lightning_ckpt import _compat
+from lightning_ckpt._compat import TorchDispatchMode, tree_leaves
 
 
 def storage_of(tensor: Any) -> torch.UntypedStorage | None:
@@ -29,7 +30,7 @@ def storage_of(tensor: Any) -> torch.UntypedStorage | None:
 
 def storage_key(storage: torch.UntypedStorage) -> int:
     """An id for the storage, stable while it is alive (the address of its C++ ``StorageImpl``)."""
-    return storage._cdata
+    return _compat.storage_key(storage)
 
 
 def unique_storage_bytes(tensors: Iterable[Any]) -> int:

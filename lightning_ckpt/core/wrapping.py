@@ -18,6 +18,7 @@ from typing import Any
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from lightning_ckpt._compat import CHECKPOINT_WRAPPER_CLASS
 from lightning_ckpt.core.names import outer_modules, resolve_modules, strip_wrapper_prefixes
 
 __all__ = [
@@ -59,7 +60,7 @@ def is_checkpointed(module: nn.Module) -> bool:
 
 def _torch_wrapped(model: nn.Module, name: str) -> bool:
     """Whether torch's ``checkpoint_wrapper`` (``CheckpointWrapper``) already wraps the module ``name``."""
-    return any(type(module).__name__ == "CheckpointWrapper" for module in outer_modules(model, name))
+    return any(type(module).__name__ == CHECKPOINT_WRAPPER_CLASS for module in outer_modules(model, name))
 
 
 def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:

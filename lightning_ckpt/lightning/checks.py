@@ -6,6 +6,13 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from lightning_ckpt._compat import (
+    CHECKPOINT_WRAPPER_CLASS,
+    COMPILED_MODULE_CLASS,
+    compiled_by_lightning,
+    strategy_checkpointing_kwargs,
+)
+
 
 def check_trainer(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
     """Raise for what cannot work; warn where the strategy already checkpoints modules.
@@ -18,13 +25,13 @@ def check_trainer(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             "AutoCheckpoint needs automatic optimization (`automatic_optimization=True`): it profiles one"
             " extra forward/backward of `training_step`, which with manual optimization would step the optimizer."
         )
-    if getattr(pl_module, "_compiler_ctx", None) or any(_is_compiled(m) for m in pl_module.modules()):
+    if compiled_by_lightning(pl_module) or any(_is_compiled(m) for m in pl_module.modules()):
         raise ValueError(
             "AutoCheckpoint does not support torch.compile-d modules: wrapping a compiled graph's submodules"
             " after compilation would be ignored or force recompiles. Compile after planning is not supported"
             " yet; remove torch.compile or the callback."
         )
-    if getattr(trainer.strategy, "_activation_checkpointing_kwargs", None):
+    if strategy_checkpointing_kwargs(trainer.strategy):
         rank_zero_warn(
             "The strategy's own `activation_checkpointing_policy` is set: AutoCheckpoint will not wrap the modules"
             " it already checkpoints (never twice) and plans only the others."
@@ -33,13 +40,11 @@ def check_trainer(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
 
 def strategy_checkpointed(module: torch.nn.Module) -> set[str]:
     """Qualified names (wrapper prefixes stripped) of modules inside a torch ``CheckpointWrapper``."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
     from lightning_ckpt.core.wrapping import strip_wrapper_prefixes
 
     names: set[str] = set()
     for name, child in module.named_modules():
-        if isinstance(child, CheckpointWrapper):
+        if type(child).__name__ == CHECKPOINT_WRAPPER_CLASS:
             names.update(
                 strip_wrapper_prefixes(f"{name}.{sub}".rstrip(".")) for sub, _ in child.named_modules()
             )
@@ -47,4 +52,4 @@ def strategy_checkpointed(module: torch.nn.Module) -> set[str]:
 
 
 def _is_compiled(module: torch.nn.Module) -> bool:
-    return type(module).__name__ == "OptimizedModule"
+    return type(module).__name__ == COMPILED_MODULE_CLASS

@@ -13,7 +13,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+
+from lightning_ckpt._compat import collect_rng_states, set_rng_states
 
 
 @contextlib.contextmanager
@@ -27,7 +28,7 @@ def untouched_training_state(module: torch.nn.Module) -> Iterator[None]:
         >>> layer.weight.grad is None, bool(layer.running_mean.abs().sum() == 0)
         (True, True)
     """
-    rng_states = _collect_rng_states(include_cuda=torch.cuda.is_available())
+    rng_states = collect_rng_states()
     grads = {param: param.grad for param in module.parameters()}
     buffers = [(buf, buf.detach().clone()) for buf in module.buffers()]
     for param in grads:
@@ -40,7 +41,7 @@ def untouched_training_state(module: torch.nn.Module) -> Iterator[None]:
         with torch.no_grad():
             for buf, saved in buffers:
                 buf.copy_(saved)
-        _set_rng_states(rng_states)
+        set_rng_states(rng_states)
 
 
 @contextlib.contextmanager

@@ -24,10 +24,9 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_leaves, tree_map_only
 from torch.utils.data import IterableDataset
 
+from lightning_ckpt._compat import FakeTensorMode, tree_leaves, tree_map_only
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile

@@ -17,6 +17,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.cli import LightningCLI
 
+from lightning_ckpt._compat import convert_precision
+
 
 class _ParseOnlyCLI(LightningCLI):
     """LightningCLI that parses and validates, but instantiates nothing."""
@@ -67,9 +69,7 @@ class RunConfig:
             >>> RunConfig(ClassSpec("m.M"), None, {"precision": 32}, None).precision
             '32-true'
         """
-        from lightning.fabric.connector import _convert_precision_to_unified_args
-
-        return str(_convert_precision_to_unified_args(self.trainer.get("precision") or "32-true"))
+        return convert_precision(self.trainer.get("precision") or "32-true")
 
     @property
     def strategy_args(self) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch.nn as nn
 
+from lightning_ckpt._compat import fsdp_policy_classes
+
 __all__ = [
     "NOT_MODELLED",
     "FsdpUnits",
@@ -252,8 +254,9 @@ def wrap_classes_of(policy: Any) -> Sequence[type] | None:
     """
     if policy is None:
         return None
-    if hasattr(policy, "_module_classes"):
-        return list(policy._module_classes)
+    classes = fsdp_policy_classes(policy)
+    if classes is not None:
+        return classes
     if isinstance(policy, (set, frozenset, list, tuple)):
         return [_load_class(item) for item in policy]
     raise ValueError(

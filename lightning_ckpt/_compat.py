@@ -1,0 +1,105 @@
+"""Every private torch and Lightning name the package uses, in one place.
+
+Each entry says what it is for and the versions it was checked against (torch 2.13.0, lightning 2.6.6;
+the package requires torch>=2.4, lightning>=2.4, and each of these exists there too). When a release moves
+one of them, this file is the only one to change. Lightning names are imported on first use, so that the
+torch-only layers (``lightning_ckpt.core``) never import Lightning.
+
+Example:
+    >>> import torch
+    >>> storage_key(torch.zeros(2).untyped_storage()) != 0
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # torch 2.4-2.13
+from torch.nn.modules.batchnorm import _NormBase  # torch 2.4-2.13: BatchNorm/InstanceNorm base
+from torch.utils._python_dispatch import TorchDispatchMode  # torch 2.4-2.13
+from torch.utils._pytree import tree_leaves, tree_map_only  # torch 2.4-2.13
+
+__all__ = [
+    "CHECKPOINT_WRAPPER_CLASS",
+    "COMPILED_MODULE_CLASS",
+    "WRAPPER_NAME_PARTS",
+    "FakeTensor",
+    "FakeTensorMode",
+    "NormBase",
+    "TorchDispatchMode",
+    "autocast_enabled",
+    "collect_rng_states",
+    "compiled_by_lightning",
+    "convert_precision",
+    "fsdp_policy_classes",
+    "set_rng_states",
+    "storage_key",
+    "strategy_checkpointing_kwargs",
+    "tree_leaves",
+    "tree_map_only",
+]
+
+NormBase = _NormBase
+
+CHECKPOINT_WRAPPER_CLASS = "CheckpointWrapper"
+"""Class name of ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper.CheckpointWrapper``
+(torch 2.4-2.13), matched by name so that torch.distributed is only imported where it is used."""
+
+COMPILED_MODULE_CLASS = "OptimizedModule"
+"""Class name of ``torch._dynamo.eval_frame.OptimizedModule``, what ``torch.compile(module)`` returns."""
+
+WRAPPER_NAME_PARTS = frozenset(
+    {"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module", "_forward_module"}
+)
+"""Submodule names that wrappers insert: FSDP (torch 2.4-2.13), torch.compile (``_orig_mod``), torch's
+``checkpoint_wrapper`` and Lightning's ``_LightningModuleWrapperBase`` (``_forward_module``, 2.4-2.6)."""
+
+
+def storage_key(storage: torch.UntypedStorage) -> int:
+    """An id for a storage, stable while it is alive: the address of its C++ ``StorageImpl``
+    (``UntypedStorage._cdata``, torch 2.4-2.13)."""
+    return storage._cdata
+
+
+def autocast_enabled() -> bool:
+    """Whether any autocast is on for any device (``torch._C._is_any_autocast_enabled``, torch 2.4-2.13)."""
+    return torch._C._is_any_autocast_enabled()
+
+
+def collect_rng_states() -> dict[str, Any]:
+    """Lightning's snapshot of every RNG (torch CPU and CUDA, numpy, python), lightning 2.4-2.6."""
+    from lightning.fabric.utilities.seed import _collect_rng_states
+
+    return _collect_rng_states(include_cuda=torch.cuda.is_available())
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore a :func:`collect_rng_states` snapshot (lightning 2.4-2.6)."""
+    from lightning.fabric.utilities.seed import _set_rng_states
+
+    _set_rng_states(states)
+
+
+def convert_precision(precision: Any) -> str:
+    """Lightning's unified precision name (``32`` -> ``"32-true"``), lightning 2.4-2.6."""
+    from lightning.fabric.connector import _convert_precision_to_unified_args
+
+    return str(_convert_precision_to_unified_args(precision))
+
+
+def strategy_checkpointing_kwargs(strategy: Any) -> Any:
+    """The FSDP strategy's ``activation_checkpointing_policy`` as it keeps it (lightning 2.4-2.6), or None."""
+    return getattr(strategy, "_activation_checkpointing_kwargs", None)
+
+
+def compiled_by_lightning(module: Any) -> bool:
+    """Whether Lightning compiled the module (``LightningModule._compiler_ctx``, lightning 2.4-2.6)."""
+    return bool(getattr(module, "_compiler_ctx", None))
+
+
+def fsdp_policy_classes(policy: Any) -> list[type] | None:
+    """The classes of a ``ModuleWrapPolicy`` (``_module_classes``, torch 2.4-2.13), or None."""
+    classes = getattr(policy, "_module_classes", None)
+    return None if classes is None else list(classes)
