@@ -3,30 +3,28 @@
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
+from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
-from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.core.profiler import profile_step
 from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointing_removed, remove_checkpointing
 from lightning_ckpt.lightning.checks import check_trainer, strategy_checkpointed
 from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
 from lightning_ckpt.plan import CheckpointPlan
 from lightning_ckpt.planner import BudgetTooSmallError, make_plan
+from lightning_ckpt.solver.validate import Method
+from lightning_ckpt.units import BYTES_PER_GB
 
 log = logging.getLogger(__name__)
-
-_GB = 1e9
-_SOLVERS = ("auto", "hirschberg", "dp", "greedy", "ilp")
-_COSTS = ("time", "flops")
 
 
 class AutoCheckpoint(Callback):
@@ -65,20 +63,13 @@ class AutoCheckpoint(Callback):
         self,
         budget_gb: float,
         targets: list[str] | None = None,
-        cost: Literal["time", "flops"] = "time",
-        solver: Literal["auto", "hirschberg", "dp", "greedy", "ilp"] = "auto",
+        cost: Cost = "time",
+        solver: Method = "auto",
         quantum_bytes: int = 512,
         workers: int = 1,
         measure: bool = True,
     ) -> None:
-        _check_arguments(budget_gb, targets, cost, solver, quantum_bytes, workers)
-        self.budget_gb = float(budget_gb)
-        self.targets = [targets] if isinstance(targets, str) else (list(targets) if targets else None)
-        self.cost = cost
-        self.solver = solver
-        self.quantum_bytes = int(quantum_bytes)
-        self.workers = int(workers)
-        self.measure = bool(measure)
+        self.config = AutoCheckpointConfig(budget_gb, targets, cost, solver, quantum_bytes, workers, measure)
         self._plan: CheckpointPlan | None = None
         self._profile: StepProfile | None = None
         self._applied = False
@@ -86,8 +77,12 @@ class AutoCheckpoint(Callback):
         self._measure_next = False
 
     @property
+    def budget_gb(self) -> float:
+        return self.config.budget_gb
+
+    @property
     def budget_bytes(self) -> int:
-        return int(self.budget_gb * _GB)
+        return self.config.budget_bytes
 
     @property
     def plan(self) -> CheckpointPlan | None:
@@ -95,15 +90,18 @@ class AutoCheckpoint(Callback):
         return self._plan
 
     @property
+    @override
     def state_key(self) -> str:
         return self._generate_state_key(budget_gb=self.budget_gb)
 
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             check_trainer(trainer, pl_module)
             if any(True for _ in pl_module.children()):  # models built in `configure_model` are checked later
-                find_candidates(pl_module, self.targets)  # no candidates: fail now, not at step 1
+                find_candidates(pl_module, self.config.targets)  # no candidates: fail now, not at step 1
 
+    @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
@@ -118,9 +116,10 @@ class AutoCheckpoint(Callback):
                 f"AutoCheckpoint: re-applying the saved plan ({len(self._plan.checkpointed)} checkpointed)"
             )
         self._apply(pl_module, self._plan)
-        self._measure_next = self.measure and self._plan.measured_peak_bytes is None
+        self._measure_next = self.config.measure and self._plan.measured_peak_bytes is None
         _log_metrics(trainer, self._plan)
 
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -129,13 +128,13 @@ class AutoCheckpoint(Callback):
         peak_bytes = _max_over_ranks(trainer, self._stop_measuring())
         self._plan = self._plan.with_measured_peak(peak_bytes)
         rank_zero_info(
-            f"AutoCheckpoint: measured peak {peak_bytes / _GB:.4f} GB, predicted {self._plan.predicted_peak_bytes / _GB:.4f} GB,"
+            f"AutoCheckpoint: measured peak {peak_bytes / BYTES_PER_GB:.4f} GB, predicted {self._plan.predicted_peak_bytes / BYTES_PER_GB:.4f} GB,"
             f" budget {self.budget_gb:g} GB"
         )
         _log_metrics(trainer, self._plan)
         if peak_bytes > self.budget_bytes and self._plan.replanned:
             rank_zero_warn(
-                f"AutoCheckpoint: the measured peak is still {(peak_bytes - self.budget_bytes) / _GB:.4f} GB over"
+                f"AutoCheckpoint: the measured peak is still {(peak_bytes - self.budget_bytes) / BYTES_PER_GB:.4f} GB over"
                 " the budget after the one re-plan; lower the batch size or raise `budget_gb`"
             )
         elif peak_bytes > self.budget_bytes:
@@ -143,11 +142,13 @@ class AutoCheckpoint(Callback):
                 self._profile_step(trainer, pl_module, batch, batch_idx)
             self._replan(trainer, pl_module, overshoot_bytes=peak_bytes - self.budget_bytes)
 
+    @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self.teardown(trainer, pl_module, "fit")  # Lightning runs no teardown after an exception
 
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._meter is not None:
             self._stop_measuring()
@@ -155,9 +156,11 @@ class AutoCheckpoint(Callback):
             remove_checkpointing(pl_module)
             self._applied = False
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"budget_gb": self.budget_gb, "plan": None if self._plan is None else self._plan.to_dict()}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         plan = state_dict.get("plan")
         self._plan = None if plan is None else CheckpointPlan.from_dict(plan)
@@ -167,12 +170,14 @@ class AutoCheckpoint(Callback):
     def _profile_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> StepProfile:
-        candidates = find_candidates(pl_module, self.targets)
+        candidates = find_candidates(pl_module, self.config.targets)
         candidates = [name for name in candidates if name not in strategy_checkpointed(pl_module)]
         step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         with untouched_training_state(pl_module), no_gradient_sync(trainer), checkpointing_removed(pl_module):
-            self._profile = profile_step(pl_module, step_fn, candidates, cost=self.cost, optimizer=optimizer)
+            self._profile = profile_step(
+                pl_module, step_fn, candidates, cost=self.config.cost, optimizer=optimizer
+            )
         return self._profile
 
     def _decide(
@@ -188,7 +193,7 @@ class AutoCheckpoint(Callback):
             raise failure or RuntimeError(f"AutoCheckpoint: planning failed on rank 0: {payload['failure']}")
         plan = CheckpointPlan.from_dict(payload["plan"])
         if not plan.checkpointed:
-            headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / _GB
+            headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / BYTES_PER_GB
             rank_zero_info(
                 f"AutoCheckpoint: everything fits in {self.budget_gb:g} GB without checkpointing"
                 f" ({headroom_gb:.4f} GB headroom predicted)"
@@ -198,14 +203,7 @@ class AutoCheckpoint(Callback):
     def _plan_on_rank_zero(self, profile: StepProfile, budget_bytes: int) -> tuple[dict, Exception | None]:
         """The plan as plain data for the broadcast, or what made planning fail."""
         try:
-            plan = make_plan(
-                profile,
-                budget_bytes,
-                cost=self.cost,
-                quantum_bytes=self.quantum_bytes,
-                solver=self.solver,
-                workers=self.workers,
-            )
+            plan = make_plan(profile, budget_bytes, self.config)
         except BudgetTooSmallError as error:
             return {"too_small": (error.budget_bytes, error.minimum_bytes, len(profile.modules))}, error
         except Exception as error:
@@ -219,7 +217,7 @@ class AutoCheckpoint(Callback):
 
     def _replan(self, trainer: pl.Trainer, pl_module: pl.LightningModule, overshoot_bytes: int) -> None:
         rank_zero_warn(
-            f"AutoCheckpoint: measured peak is {overshoot_bytes / _GB:.4f} GB over the budget;"
+            f"AutoCheckpoint: measured peak is {overshoot_bytes / BYTES_PER_GB:.4f} GB over the budget;"
             " re-planning once with the overshoot subtracted"
         )
         measured = self._plan.measured_peak_bytes
@@ -234,7 +232,7 @@ class AutoCheckpoint(Callback):
         remove_checkpointing(pl_module)
         self._plan = _replanned(plan, self.budget_bytes, None)
         self._apply(pl_module, self._plan)
-        self._measure_next = self.measure
+        self._measure_next = self.config.measure
         rank_zero_info(f"AutoCheckpoint re-plan:\n{self._plan}")
 
     def _start_measuring(self, trainer: pl.Trainer) -> None:
@@ -273,27 +271,3 @@ def _log_metrics(trainer: pl.Trainer, plan: CheckpointPlan) -> None:
     if trainer.is_global_zero:
         for logger in trainer.loggers:
             logger.log_metrics(plan.metrics(), step=trainer.global_step)
-
-
-def _check_arguments(
-    budget_gb: Any, targets: Any, cost: Any, solver: Any, quantum_bytes: Any, workers: Any
-) -> None:
-    if (
-        isinstance(budget_gb, bool)
-        or not isinstance(budget_gb, (int, float))
-        or not math.isfinite(budget_gb)
-        or budget_gb <= 0
-    ):
-        raise ValueError(f"`budget_gb` must be a positive finite number of GB, got {budget_gb!r}")
-    if targets is not None and not isinstance(targets, str):
-        if not isinstance(targets, Sequence) or not all(isinstance(t, str) and t for t in targets):
-            raise ValueError(
-                f"`targets` must be None or a list of module class names or name globs, got {targets!r}"
-            )
-    if cost not in _COSTS:
-        raise ValueError(f"`cost` must be one of {_COSTS}, got {cost!r}")
-    if solver not in _SOLVERS:
-        raise ValueError(f"`solver` must be one of {_SOLVERS}, got {solver!r}")
-    for name, value in (("quantum_bytes", quantum_bytes), ("workers", workers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer, got {value!r}")

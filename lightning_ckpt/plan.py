@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-_MB = 1e6
-_GB = 1e9
+from lightning_ckpt.units import BYTES_PER_GB, BYTES_PER_MB
 
 
 @dataclass(frozen=True)
@@ -84,13 +83,13 @@ class CheckpointPlan:
     def metrics(self) -> dict[str, float]:
         """Scalars for the trainer's logger (GB, counts, seconds)."""
         out = {
-            "autockpt/predicted_peak_gb": self.predicted_peak_bytes / _GB,
-            "autockpt/budget_gb": self.budget_bytes / _GB,
+            "autockpt/predicted_peak_gb": self.predicted_peak_bytes / BYTES_PER_GB,
+            "autockpt/budget_gb": self.budget_bytes / BYTES_PER_GB,
             "autockpt/num_checkpointed": float(len(self.checkpointed)),
             "autockpt/recompute_ms_per_step": self.recompute_seconds * 1e3,
         }
         if self.measured_peak_bytes is not None:
-            out["autockpt/measured_peak_gb"] = self.measured_peak_bytes / _GB
+            out["autockpt/measured_peak_gb"] = self.measured_peak_bytes / BYTES_PER_GB
         return out
 
     def __str__(self) -> str:
@@ -110,12 +109,12 @@ def format_plan_table(plan: CheckpointPlan) -> str:
 
 
 def _item_row(item: PlanItem, is_checkpointed: bool) -> tuple[str, ...]:
-    freed_mb = max(item.activation_bytes - item.input_bytes, 0) / _MB if is_checkpointed else 0.0
+    freed_mb = max(item.activation_bytes - item.input_bytes, 0) / BYTES_PER_MB if is_checkpointed else 0.0
     decision = "checkpoint" if is_checkpointed else "keep"
     recompute_ms = item.recompute_seconds * 1e3
     return (
         item.name,
-        f"{item.activation_bytes / _MB:.2f}",
+        f"{item.activation_bytes / BYTES_PER_MB:.2f}",
         f"{freed_mb:.2f}",
         f"{recompute_ms:.3f}",
         decision,
@@ -129,12 +128,14 @@ def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:
 
 
 def _summary_lines(plan: CheckpointPlan) -> list[str]:
-    measured = "not yet" if plan.measured_peak_bytes is None else f"{plan.measured_peak_bytes / _GB:.4f} GB"
+    measured = (
+        "not yet" if plan.measured_peak_bytes is None else f"{plan.measured_peak_bytes / BYTES_PER_GB:.4f} GB"
+    )
     lines = [
         f"checkpointed {len(plan.checkpointed)} of {len(plan.items)} modules"
         f" (+{plan.recompute_seconds * 1e3:.2f} ms recompute per step)",
-        f"budget {plan.budget_bytes / _GB:.4f} GB | static {plan.static_bytes / _GB:.4f} GB"
-        f" | predicted peak {plan.predicted_peak_bytes / _GB:.4f} GB | measured peak {measured}",
+        f"budget {plan.budget_bytes / BYTES_PER_GB:.4f} GB | static {plan.static_bytes / BYTES_PER_GB:.4f} GB"
+        f" | predicted peak {plan.predicted_peak_bytes / BYTES_PER_GB:.4f} GB | measured peak {measured}",
         f"solver {plan.solver_method} in {plan.solver_seconds * 1e3:.2f} ms",
     ]
     return lines + [f"note: {note}" for note in plan.notes]

@@ -19,17 +19,17 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from typing import Literal
 
+from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.memory.model import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
-from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.plan import CheckpointPlan, PlanItem
 from lightning_ckpt.solver import quantize, solve_knapsack
+from lightning_ckpt.units import BYTES_PER_GB
 
 log = logging.getLogger(__name__)
 
-_GB = 1e9
-Cost = Literal["time", "flops"]
+_DEFAULT_CONFIG = AutoCheckpointConfig(budget_gb=1.0)  # only its cost, solver, quantum and workers are read
 
 
 class BudgetTooSmallError(ValueError):
@@ -38,10 +38,10 @@ class BudgetTooSmallError(ValueError):
     def __init__(self, budget_bytes: int, minimum_bytes: int, num_candidates: int) -> None:
         self.budget_bytes = int(budget_bytes)
         self.minimum_bytes = int(minimum_bytes)
-        minimum_gb = math.ceil(minimum_bytes / _GB * 1000) / 1000
+        minimum_gb = math.ceil(minimum_bytes / BYTES_PER_GB * 1000) / 1000
         super().__init__(
-            f"`budget_gb`={budget_bytes / _GB:g} is too small: even with all {num_candidates} candidate modules"
-            f" checkpointed this step needs {minimum_bytes / _GB:.4f} GB per device. The smallest budget that"
+            f"`budget_gb`={budget_bytes / BYTES_PER_GB:g} is too small: even with all {num_candidates} candidate modules"
+            f" checkpointed this step needs {minimum_bytes / BYTES_PER_GB:.4f} GB per device. The smallest budget that"
             f" works is budget_gb={minimum_gb:g}; raise the budget or shrink the batch or sequence length."
         )
 
@@ -56,31 +56,37 @@ def item_values(profile: StepProfile, cost: Cost) -> list[float]:
 def make_plan(
     profile: StepProfile,
     budget_bytes: int,
+    config: AutoCheckpointConfig | None = None,
     *,
-    cost: Cost = "time",
-    quantum_bytes: int = 512,
-    solver: str = "auto",
-    workers: int = 1,
     notes: Sequence[str] = (),
 ) -> CheckpointPlan:
     """Choose the modules to checkpoint so the predicted peak fits ``budget_bytes`` at least recompute cost.
 
+    Args:
+        profile: the step's profile.
+        budget_bytes: the budget to plan for (the callback's ``config.budget_bytes``, or less on a re-plan).
+        config: cost, solver, quantum and workers (``budget_gb`` is not read); default settings if None.
+        notes: lines added to the plan's report.
+
     Raises:
         BudgetTooSmallError: if even checkpointing every candidate does not fit.
     """
+    config = config or _DEFAULT_CONFIG
     names = [m.name for m in profile.modules]
     fixed_bytes = fixed_peak_bytes(profile)
     capacity_bytes = int(budget_bytes) - fixed_bytes
     if capacity_bytes < 0:
         raise BudgetTooSmallError(budget_bytes, fixed_bytes, len(names))
-    values = item_values(profile, cost)
+    values = item_values(profile, config.cost)
     start = time.perf_counter()
     if predict_peak_bytes(profile, []) <= budget_bytes:
         kept, method = set(names), "all-fit"
     else:
         costs = keep_cost_bytes(profile)
-        weights, capacity = quantize([max(int(costs[n]), 0) for n in names], capacity_bytes, quantum_bytes)
-        result = solve_knapsack(weights, values, capacity, method=solver, workers=workers)
+        weights, capacity = quantize(
+            [max(int(costs[n]), 0) for n in names], capacity_bytes, config.quantum_bytes
+        )
+        result = solve_knapsack(weights, values, capacity, method=config.solver, workers=config.workers)
         kept, method = {names[i] for i in result.chosen}, result.method
         kept |= _keep_more_if_exact_peak_allows(profile, kept, values, budget_bytes)
     solver_seconds = time.perf_counter() - start

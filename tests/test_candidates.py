@@ -51,7 +51,7 @@ def test_target_matching_nothing_lists_existing_names(model):
 
 
 def test_bad_targets_type(model):
-    with pytest.raises(TypeError, match="`targets` must be class names or name globs"):
+    with pytest.raises(ValueError, match=r"`targets` must be None or a list .* got \[.Block., 3\]"):
         find_candidates(model, ["Block", 3])
 
 

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.memory.model import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
 from lightning_ckpt.core.profile_types import ModuleProfile, StaticMemory, StepProfile
 from lightning_ckpt.plan import CheckpointPlan
@@ -58,7 +59,7 @@ def test_random_budgets_never_over_and_optimal_under_the_bound(seed):
     )
     low, high = fixed_peak_bytes(profile), predict_peak_bytes(profile, [])
     budget = rng.randint(low, high + MB)
-    plan = make_plan(profile, budget, quantum_bytes=1)
+    plan = make_plan(profile, budget, AutoCheckpointConfig(budget_gb=1, quantum_bytes=1))
     assert plan.predicted_peak_bytes <= budget
     assert plan.predicted_peak_bytes == predict_peak_bytes(profile, plan.checkpointed)
     # At least as good as the best set that fits under the knapsack's additive bound (brute force).
@@ -76,14 +77,16 @@ def test_random_budgets_never_over_and_optimal_under_the_bound(seed):
 def test_coarse_quantum_stays_within_budget_in_bytes():
     profile = hand_profile([10.3, 20.7, 30.1, 5.5], inputs_mb=[0.5, 0.5, 0.5, 0.5])
     budget = fixed_peak_bytes(profile) + 20 * MB
-    plan = make_plan(profile, budget, quantum_bytes=4 * MB)
+    plan = make_plan(profile, budget, AutoCheckpointConfig(budget_gb=1, quantum_bytes=4 * MB))
     assert plan.predicted_peak_bytes <= budget
     assert 0 < len(plan.checkpointed) < 4
 
 
 def test_flops_cost_uses_flops_and_plan_round_trips():
     profile = hand_profile([10, 10, 10], seconds=[0.03, 0.01, 0.02])
-    plan = make_plan(profile, fixed_peak_bytes(profile) + 9 * MB + 1, cost="flops")
+    plan = make_plan(
+        profile, fixed_peak_bytes(profile) + 9 * MB + 1, AutoCheckpointConfig(budget_gb=1, cost="flops")
+    )
     assert plan.kept == ("h.0",) and plan.checkpointed == ("h.1", "h.2")
     assert CheckpointPlan.from_dict(plan.to_dict()) == plan
     assert plan.recompute_seconds == pytest.approx(0.03)

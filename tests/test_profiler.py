@@ -183,7 +183,7 @@ def test_bf16_autocast_saves_less_than_fp32():
 
 def test_bad_arguments():
     model, idx, targets = _gpt()
-    with pytest.raises(ValueError, match='`cost` must be "time" or "flops", got \'fast\''):
+    with pytest.raises(ValueError, match=r"`cost` must be one of \('time', 'flops'\), got 'fast'"):
         profile_step(model, lambda: model(idx, targets), BLOCKS, "fast")
     with pytest.raises(ValueError, match=r"`candidates` must name submodules.*'transformer\.h\.7'"):
         profile_step(model, lambda: model(idx, targets), ["transformer.h.7"])

@@ -24,7 +24,6 @@ Example (a tiny model, from the command line)::
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 import torch
@@ -54,6 +53,7 @@ from benchmarks.sweep.run import (
     time_policies,
 )
 from lightning_ckpt.cli import positive_int
+from lightning_ckpt.config import AutoCheckpointConfig
 
 __all__ = [
     "CLOCKS",
@@ -135,8 +135,14 @@ def _warmup_steps(text: str) -> int:
 
 
 def _float_list(text: str) -> list[float]:
-    values = [float(part) for part in text.split(",") if part.strip()]
-    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+    """Budgets in GB, each checked as AutoCheckpoint checks ``budget_gb``."""
+    try:
+        values = [
+            AutoCheckpointConfig(budget_gb=float(part)).budget_gb for part in text.split(",") if part.strip()
+        ]
+    except ValueError:
+        values = []
+    if not values:
         raise argparse.ArgumentTypeError(f"must be comma-separated positive numbers of GB, got {text!r}")
     return values
 

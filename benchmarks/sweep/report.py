@@ -12,9 +12,8 @@ from typing import Any
 import torch
 
 from benchmarks.sweep.run import PolicyResult, SweepSetup
+from lightning_ckpt.units import BYTES_PER_GB, BYTES_PER_MB
 
-_GB = 1e9
-_MB = 1e6
 NOISE = 0.05  # "no slower than the best fitting hand policy" allows this relative noise
 
 
@@ -48,11 +47,13 @@ def verdicts(results: Sequence[PolicyResult]) -> list[BudgetVerdict]:
 def format_results(results: Sequence[PolicyResult], total_blocks: int) -> str:
     """The per-policy table: blocks checkpointed, peaks, median step time, final loss."""
     lines = [
-        f"{'policy':<18} {'ckpt':>6} {'budget_MB':>10} {'pred_MB':>9} {'peak_MB':>9} {'step_ms':>9} {'min_ms':>8} {'loss':>8}"
+        f"{'policy':<18} {'ckpt':>6} {'budgetBYTES_PER_MB':>10} {'predBYTES_PER_MB':>9} {'peakBYTES_PER_MB':>9} {'step_ms':>9} {'min_ms':>8} {'loss':>8}"
     ]
     for r in results:
-        budget = f"{r.budget_gb * _GB / _MB:.2f}" if r.budget_gb is not None else "-"
-        predicted = f"{r.predicted_peak_bytes / _MB:.2f}" if r.predicted_peak_bytes is not None else "-"
+        budget = f"{r.budget_gb * BYTES_PER_GB / BYTES_PER_MB:.2f}" if r.budget_gb is not None else "-"
+        predicted = (
+            f"{r.predicted_peak_bytes / BYTES_PER_MB:.2f}" if r.predicted_peak_bytes is not None else "-"
+        )
         if r.error:
             lines.append(
                 f"{r.policy:<18} {'-':>6} {budget:>10} {'-':>9} {'-':>9} {'-':>9} {'-':>8} {'-':>8}  {r.error}"
@@ -60,7 +61,7 @@ def format_results(results: Sequence[PolicyResult], total_blocks: int) -> str:
             continue
         lines.append(
             f"{r.policy:<18} {len(r.checkpointed):>3}/{total_blocks:<2} {budget:>10} {predicted:>9} "
-            f"{r.measured_peak_bytes / _MB:>9.2f} {r.median_step_seconds * 1e3:>9.1f} "
+            f"{r.measured_peak_bytes / BYTES_PER_MB:>9.2f} {r.median_step_seconds * 1e3:>9.1f} "
             f"{min(r.step_seconds, default=math.nan) * 1e3:>8.1f} {r.final_loss:>8.4f}"
         )
     return "\n".join(lines)
@@ -68,12 +69,12 @@ def format_results(results: Sequence[PolicyResult], total_blocks: int) -> str:
 
 def format_verdicts(rows: Sequence[BudgetVerdict]) -> str:
     """Per budget: the best fitting hand policy and AutoCheckpoint's time ratio against it."""
-    lines = [f"{'budget_MB':>10} {'auto_fits':>9} {'best_hand':>12} {'time_ratio':>10}  verdict"]
+    lines = [f"{'budgetBYTES_PER_MB':>10} {'auto_fits':>9} {'best_hand':>12} {'time_ratio':>10}  verdict"]
     for v in rows:
         ratio = f"{v.time_ratio:.3f}" if not math.isnan(v.time_ratio) else "-"
         verdict = "ok" if v.passed else ("OVER BUDGET" if not v.auto_fits else f"SLOWER (>{1 + NOISE:.2f})")
         lines.append(
-            f"{v.budget_gb * _GB / _MB:>10.2f} {v.auto_fits!s:>9} {v.best_hand or '-':>12} {ratio:>10}  {verdict}"
+            f"{v.budget_gb * BYTES_PER_GB / BYTES_PER_MB:>10.2f} {v.auto_fits!s:>9} {v.best_hand or '-':>12} {ratio:>10}  {verdict}"
         )
     return "\n".join(lines)
 
@@ -93,18 +94,21 @@ def write_plot(results: Sequence[PolicyResult], path: str) -> None:
     ):
         for r in group:
             point = axes.scatter(
-                r.measured_peak_bytes / _MB, r.median_step_seconds * 1e3, marker=marker, s=45
+                r.measured_peak_bytes / BYTES_PER_MB, r.median_step_seconds * 1e3, marker=marker, s=45
             )
             axes.annotate(
                 r.policy,
-                (r.measured_peak_bytes / _MB, r.median_step_seconds * 1e3),
+                (r.measured_peak_bytes / BYTES_PER_MB, r.median_step_seconds * 1e3),
                 fontsize=8,
                 xytext=(4, 4),
                 textcoords="offset points",
             )
             if r.budget_gb is not None:
                 axes.axvline(
-                    r.budget_gb * _GB / _MB, linestyle="--", linewidth=1, color=point.get_facecolor()[0]
+                    r.budget_gb * BYTES_PER_GB / BYTES_PER_MB,
+                    linestyle="--",
+                    linewidth=1,
+                    color=point.get_facecolor()[0],
                 )
     axes.set(xlabel="measured peak memory of a training step (MB)", ylabel="median step time (ms)")
     axes.set_title("AutoCheckpoint (circles, budget = dashed line) vs hand policies (squares)")
@@ -159,7 +163,7 @@ def format_header(setup: SweepSetup, rounds: int) -> str:
         f"# {device}; torch {machine['torch']}; {len(setup.candidates)} candidate blocks\n"
         f"# memory: 1 run per policy, peak of step {setup.warmup_steps + 1}; time: 1 run switching policy "
         f"every step, {rounds} round(s) x {setup.timed_steps} steps per policy, order rotating\n"
-        "# peak_MB: measured peak of one whole training step (parameters, gradients, optimizer state, "
-        "activations); pred_MB: AutoCheckpoint's prediction; "
+        "# peakBYTES_PER_MB: measured peak of one whole training step (parameters, gradients, optimizer state, "
+        "activations); predBYTES_PER_MB: AutoCheckpoint's prediction; "
         f"step_ms / min_ms: median / fastest timed step ({setup.clock} clock); loss: last step's training loss"
     )

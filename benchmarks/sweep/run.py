@@ -14,6 +14,7 @@ step makes slow drifts of a busy machine hit every policy alike.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -30,15 +31,16 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
 from lightning_ckpt.callback import AutoCheckpoint
+from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
 from lightning_ckpt.offline.run_config import RunConfig, load_run_config
 from lightning_ckpt.planner import BudgetTooSmallError
+from lightning_ckpt.units import BYTES_PER_GB
 
 log = logging.getLogger(__name__)
 
-_GB = 1e9
 HAND_POLICIES = ("none", "all", "every-other")
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
@@ -79,7 +81,7 @@ class PolicyResult:
 
     def fits(self, budget_gb: float) -> bool:
         """Whether the measured peak is within ``budget_gb`` (and the policy ran)."""
-        return self.error is None and self.measured_peak_bytes <= budget_gb * _GB
+        return self.error is None and self.measured_peak_bytes <= budget_gb * BYTES_PER_GB
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,8 @@ def run_policy(setup: SweepSetup, policy: str, budget_gb: float | None = None) -
     if budget_gb is None:
         result.checkpointed = tuple(apply_checkpointing(model, hand_policy_blocks(policy, setup.candidates)))
     else:
-        callbacks.insert(0, AutoCheckpoint(**{**(setup.run.autocheckpoint or {}), "budget_gb": budget_gb}))
+        settings = AutoCheckpointConfig(**{**(setup.run.autocheckpoint or {}), "budget_gb": budget_gb})
+        callbacks.insert(0, AutoCheckpoint(**dataclasses.asdict(settings)))
     try:
         _fit(setup, model, callbacks, setup.batches)
     except BudgetTooSmallError as error:
@@ -295,7 +298,9 @@ def default_budgets_gb(all_peak_bytes: int, none_peak_bytes: int, count: int) ->
     if count < 1:
         raise ValueError(f"`count` must be a positive integer, got {count!r}")
     span_bytes = none_peak_bytes - all_peak_bytes
-    return [round((all_peak_bytes + span_bytes * (i + 1) / (count + 1)) / _GB, 6) for i in range(count)]
+    return [
+        round((all_peak_bytes + span_bytes * (i + 1) / (count + 1)) / BYTES_PER_GB, 6) for i in range(count)
+    ]
 
 
 def run_sweep(

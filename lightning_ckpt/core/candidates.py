@@ -24,7 +24,7 @@ import torch.nn as nn
 from lightning_ckpt._compat import NormBase
 from lightning_ckpt.core.names import example_names, strip_wrapper_prefixes, stripped_modules
 
-__all__ = ["find_candidates"]
+__all__ = ["as_target_list", "find_candidates"]
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +62,24 @@ def find_candidates(
     if targets is None:
         names = _repeated_blocks(model, modules)
     else:
-        names = _outermost(_match_targets(model, modules, _as_target_list(targets)))
+        names = _outermost(_match_targets(model, modules, as_target_list(targets)))
     if allow_unsafe:
         return names
     return [name for name in names if _is_safe(name, modules[name])]
 
 
-def _as_target_list(targets: Sequence[str] | str) -> list[str]:
+def as_target_list(targets: Sequence[str] | str) -> list[str]:
+    """``targets`` as a list of non-empty strings (one string is one target).
+
+    Raises:
+        ValueError: for anything else, naming the argument and what was given.
+    """
     if isinstance(targets, str):
         targets = [targets]
-    if not all(isinstance(target, str) and target for target in targets):
-        raise TypeError(f"`targets` must be class names or name globs (non-empty str), got {targets!r}")
+    if not isinstance(targets, Sequence) or not all(isinstance(t, str) and t for t in targets):
+        raise ValueError(
+            f"`targets` must be None or a list of module class names or name globs, got {targets!r}"
+        )
     return list(targets)
 
 

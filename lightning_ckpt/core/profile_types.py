@@ -7,10 +7,15 @@ memory of a step for any set of checkpointed candidates.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from lightning_ckpt.core.memory.static import StaticMemory
 
-__all__ = ["BackwardPhase", "ModuleProfile", "SavedStorage", "StaticMemory", "StepProfile"]
+__all__ = ["COSTS", "BackwardPhase", "Cost", "ModuleProfile", "SavedStorage", "StaticMemory", "StepProfile"]
+
+Cost = Literal["time", "flops"]
+"""What keeping a module saves per step: its measured recompute time, or its forward FLOPs."""
+COSTS: tuple[str, ...] = get_args(Cost)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -29,7 +29,14 @@ from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
 from lightning_ckpt.core.memory.timeline import alive_bytes
 from lightning_ckpt.core.names import resolve_modules
-from lightning_ckpt.core.profile_types import BackwardPhase, ModuleProfile, SavedStorage, StepProfile
+from lightning_ckpt.core.profile_types import (
+    COSTS,
+    BackwardPhase,
+    Cost,
+    ModuleProfile,
+    SavedStorage,
+    StepProfile,
+)
 from lightning_ckpt.core.recorder import Recorder
 from lightning_ckpt.core.storage import storage_key, storage_of, unique_storage_bytes
 from lightning_ckpt.core.wrapping import checkpointed_names
@@ -41,7 +48,7 @@ def profile_step(
     model: nn.Module,
     step_fn: Callable[[], Any],
     candidates: Sequence[str],
-    cost: Literal["time", "flops"] = "time",
+    cost: Cost = "time",
     *,
     optimizer: Any = None,
 ) -> StepProfile:
@@ -73,8 +80,8 @@ def profile_step(
         >>> [(m.name, m.activation_bytes, m.input_bytes, m.flops) for m in profile.modules]
         [('h.0', 1152, 128, 4096), ('h.1', 1152, 128, 4096)]
     """
-    if cost not in ("time", "flops"):
-        raise ValueError(f'`cost` must be "time" or "flops", got {cost!r}')
+    if cost not in COSTS:
+        raise ValueError(f"`cost` must be one of {COSTS}, got {cost!r}")
     modules = resolve_modules(model, candidates, argument="candidates")
     if cost == "time" and any(isinstance(p, FakeTensor) for p in model.parameters()):
         raise ValueError(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_ckpt.callback import AutoCheckpoint
+from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.offline.fake_step import (
@@ -25,10 +25,9 @@ from lightning_ckpt.offline.fake_step import (
 from lightning_ckpt.offline.run_config import RunConfig, load_run_config
 from lightning_ckpt.plan import CheckpointPlan
 from lightning_ckpt.planner import make_plan
+from lightning_ckpt.units import BYTES_PER_GB
 
 __all__ = ["OfflinePlan", "plan_offline"]
-
-_GB = 1e9
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class OfflinePlan:
         data["plan"] = self.plan.to_dict()
         data["static"] = self.static.to_dict()
         data["batch_shapes"] = [list(shape) for shape in self.batch_shapes]
-        data["predicted_peak_gb"] = self.plan.predicted_peak_bytes / _GB
+        data["predicted_peak_gb"] = self.plan.predicted_peak_bytes / BYTES_PER_GB
         return data
 
     def __str__(self) -> str:
@@ -86,15 +85,15 @@ class OfflinePlan:
             ("buffers", s.buffer_bytes),
             ("strategy", s.strategy_bytes),
         ]
-        breakdown = " + ".join(f"{name} {value / _GB:.3f}" for name, value in parts)
+        breakdown = " + ".join(f"{name} {value / BYTES_PER_GB:.3f}" for name, value in parts)
         verdict = "fits" if self.plan.fits else "does NOT fit"
         return [
             self._recompute_line(),
-            f"static per device (GB): {breakdown} = {s.total_bytes / _GB:.3f}",
+            f"static per device (GB): {breakdown} = {s.total_bytes / BYTES_PER_GB:.3f}",
             f"modelled: {'; '.join(s.modelled)}",
             f"not modelled (leave headroom in budget_gb): {'; '.join(s.not_modelled)}",
-            f"predicted peak per device: {self.plan.predicted_peak_bytes / _GB:.3f} GB"
-            f" of budget {self.plan.budget_bytes / _GB:.3f} GB ({verdict})",
+            f"predicted peak per device: {self.plan.predicted_peak_bytes / BYTES_PER_GB:.3f} GB"
+            f" of budget {self.plan.budget_bytes / BYTES_PER_GB:.3f} GB ({verdict})",
         ]
 
 
@@ -136,15 +135,8 @@ def plan_offline(
         )
     profiled = _fake_profile(run, settings.targets, first_batch(run.data))
     profile = _with_seconds(profiled.profile, tflops)
-    plan = make_plan(
-        profile,
-        settings.budget_bytes,
-        cost="flops",
-        quantum_bytes=settings.quantum_bytes,
-        solver=settings.solver,
-        workers=settings.workers,
-        notes=_notes(run),
-    )
+    settings = dataclasses.replace(settings, cost="flops")  # nothing to time offline
+    plan = make_plan(profile, settings.budget_bytes, settings, notes=_notes(run))
     checkpointed = set(plan.checkpointed)
     return OfflinePlan(
         plan=plan,
@@ -177,8 +169,8 @@ def _positive(value: Any) -> bool:
     )
 
 
-def _callback_settings(run: RunConfig, budget_gb: float | None) -> AutoCheckpoint:
-    """The callback the config would build (its own argument checks), with ``budget_gb`` replaced if given."""
+def _callback_settings(run: RunConfig, budget_gb: float | None) -> AutoCheckpointConfig:
+    """The settings the config's callback would have (the same checks), with ``budget_gb`` replaced if given."""
     arguments = dict(run.autocheckpoint or {})
     if budget_gb is not None:
         arguments["budget_gb"] = budget_gb
@@ -187,7 +179,7 @@ def _callback_settings(run: RunConfig, budget_gb: float | None) -> AutoCheckpoin
             "`budget_gb` is needed: pass it (--budget-gb) or add lightning_ckpt.AutoCheckpoint with a"
             " budget_gb to the config's trainer.callbacks, got neither"
         )
-    return AutoCheckpoint(**arguments)
+    return AutoCheckpointConfig(**arguments)
 
 
 def _notes(run: RunConfig) -> tuple[str, ...]:

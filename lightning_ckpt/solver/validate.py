@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import numpy as np
 
-__all__ = ["METHODS", "MAX_INTEGER", "validate_inputs"]
+__all__ = ["MAX_INTEGER", "MAX_WORKERS", "METHODS", "Method", "validate_inputs"]
 
-METHODS = ("auto", "hirschberg", "dp", "greedy", "ilp")
+Method = Literal["auto", "hirschberg", "dp", "greedy", "ilp"]
+METHODS: tuple[str, ...] = get_args(Method)
+MAX_WORKERS = 1024
 MAX_INTEGER = 2**48  # weights and capacity: sums of thousands stay exact in int64
 
 
@@ -85,7 +88,7 @@ def validate_inputs(
     """
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
-    _integral_scalar("workers", workers, 1, 1024, "1024")
+    _integral_scalar("workers", workers, 1, MAX_WORKERS, str(MAX_WORKERS))
     weight_array = _integral_array("weights", weights)
     value_array = _value_array("values", values)
     if len(weight_array) != len(value_array):

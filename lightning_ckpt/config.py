@@ -1,0 +1,89 @@
+"""`AutoCheckpointConfig`: every AutoCheckpoint setting, checked once.
+
+The callback, :func:`lightning_ckpt.make_plan`, :func:`lightning_ckpt.plan_offline` and the sweep all take
+their settings from this one frozen dataclass, so a setting means, and is refused, the same everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_ckpt.core.candidates import as_target_list
+from lightning_ckpt.core.profile_types import COSTS, Cost
+from lightning_ckpt.solver.validate import MAX_WORKERS, METHODS, Method
+from lightning_ckpt.units import gb_to_bytes
+
+__all__ = ["AutoCheckpointConfig"]
+
+MAX_BUDGET_GB = 1e9
+"""An upper bound that no device reaches (10^18 bytes), so that byte counts stay exact integers."""
+
+
+@dataclass(frozen=True)
+class AutoCheckpointConfig:
+    """What AutoCheckpoint plans for and how.
+
+    Example:
+        >>> AutoCheckpointConfig(budget_gb=40, targets="Block").targets
+        ('Block',)
+        >>> AutoCheckpointConfig(budget_gb=40).budget_bytes
+        40000000000
+        >>> AutoCheckpointConfig(budget_gb=1, solver="magic")
+        Traceback (most recent call last):
+        ...
+        ValueError: `solver` must be one of ('auto', 'hirschberg', 'dp', 'greedy', 'ilp'), got 'magic'
+    """
+
+    budget_gb: float
+    """Peak memory (GB = 1e9 bytes) one device may use for training: parameters, gradients, optimizer
+    state, activations and the transient peak of backward."""
+    targets: tuple[str, ...] | None = None
+    """Candidate modules as class names or qualified-name globs; ``None``: the repeated blocks. A single
+    string is one target."""
+    cost: Cost = "time"
+    """What keeping a module saves: measured recompute ``"time"`` or forward ``"flops"``."""
+    solver: Method = "auto"
+    """Knapsack method; ``"auto"`` is exact and picks the fastest exact path."""
+    quantum_bytes: int = 512
+    """Memory unit of the knapsack (weights rounded up, capacity down)."""
+    workers: int = 1
+    """Processes for the knapsack solver on large problems."""
+    measure: bool = True
+    """Measure the real peak on the step after planning and re-plan once if it is over the budget."""
+
+    def __post_init__(self) -> None:
+        _check_budget(self.budget_gb)
+        if self.targets is not None:
+            object.__setattr__(self, "targets", tuple(as_target_list(self.targets)))
+        if self.cost not in COSTS:
+            raise ValueError(f"`cost` must be one of {COSTS}, got {self.cost!r}")
+        if self.solver not in METHODS:
+            raise ValueError(f"`solver` must be one of {METHODS}, got {self.solver!r}")
+        _check_positive_int("quantum_bytes", self.quantum_bytes)
+        _check_positive_int("workers", self.workers, most=MAX_WORKERS)
+        object.__setattr__(self, "budget_gb", float(self.budget_gb))
+
+    @property
+    def budget_bytes(self) -> int:
+        """``budget_gb`` in whole bytes."""
+        return gb_to_bytes(self.budget_gb)
+
+
+def _check_budget(budget_gb: Any) -> None:
+    if (
+        isinstance(budget_gb, bool)
+        or not isinstance(budget_gb, (int, float))
+        or not math.isfinite(budget_gb)
+        or budget_gb <= 0
+        or budget_gb > MAX_BUDGET_GB
+    ):
+        raise ValueError(f"`budget_gb` must be a positive finite number of GB, got {budget_gb!r}")
+
+
+def _check_positive_int(name: str, value: Any, most: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+    if most is not None and value > most:
+        raise ValueError(f"`{name}` must be a positive integer up to {most}, got {value!r}")

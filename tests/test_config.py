@@ -1,0 +1,59 @@
+"""`AutoCheckpointConfig`: one set of checks for the callback, the planner, the offline plan and the sweep."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lightning_ckpt import AutoCheckpoint
+from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.core.candidates import find_candidates
+from lightning_ckpt.offline.plan import plan_offline
+
+
+def test_settings_are_frozen_and_normalized():
+    config = AutoCheckpointConfig(budget_gb=2, targets="Block", workers=2)
+    assert config.targets == ("Block",) and config.budget_gb == 2.0 and isinstance(config.budget_gb, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.workers = 3  # type: ignore[misc]
+
+
+def test_callback_keeps_its_settings_in_one_config():
+    callback = AutoCheckpoint(budget_gb=3, targets=["Block"], cost="flops")
+    assert callback.config == AutoCheckpointConfig(3, ("Block",), cost="flops")
+    assert callback.budget_bytes == 3_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"budget_gb": 1, "workers": 2000}, r"`workers` must be a positive integer up to 1024, got 2000"),
+        ({"budget_gb": 1e300}, r"`budget_gb` must be a positive finite number of GB, got 1e\+300"),
+        ({"budget_gb": 1, "targets": [3]}, r"`targets` must be None or a list .* got \[3\]"),
+    ],
+)
+def test_the_same_refusal_from_the_config_and_the_callback(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AutoCheckpointConfig(**kwargs)
+    with pytest.raises(ValueError, match=match):
+        AutoCheckpoint(**kwargs)
+
+
+def test_find_candidates_refuses_bad_targets_with_the_same_error():
+    with pytest.raises(ValueError, match=r"`targets` must be None or a list .* got \[3\]"):
+        find_candidates(torch.nn.Sequential(torch.nn.Linear(1, 1)), [3])
+
+
+def test_offline_plan_refuses_the_config_settings_the_callback_refuses(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        "model:\n  class_path: examples.gpt.GPT\n  init_args: {block_size: 8, n_layer: 2, n_head: 2, n_embd: 16}\n"
+        "data:\n  class_path: examples.data.CharDataModule\n"
+        "  init_args: {block_size: 8, batch_size: 2, max_chars: 1000}\n"
+        "trainer:\n  callbacks:\n    - class_path: lightning_ckpt.AutoCheckpoint\n"
+        "      init_args: {budget_gb: 1, workers: 2000}\n"
+    )
+    with pytest.raises(ValueError, match="`workers` must be a positive integer up to 1024, got 2000"):
+        plan_offline(config)
