@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lightning_ckpt import KnapsackResult, quantize, solve_knapsack
-from lightning_ckpt.solver import baselines, last_solve_stats
+from lightning_ckpt.solver import SolverOptions, SolveStats
 
 EXACT = ("auto", "hirschberg", "dp", "ilp")
 
@@ -97,18 +97,46 @@ def test_validation_messages(kwargs, message):
         solve_knapsack(arguments["weights"], arguments["values"], arguments["capacity"], **extra)
 
 
-def test_dp_refuses_a_table_that_does_not_fit(monkeypatch):
-    monkeypatch.setattr(baselines, "DP_TABLE_LIMIT_BYTES", 1000)
+def test_dp_refuses_a_table_that_does_not_fit():
+    options = SolverOptions(dp_table_limit_bytes=1000)
     with pytest.raises(MemoryError, match=r"method='dp' \(3 x 1001 table\) needs .* GiB.*'hirschberg'"):
-        solve_knapsack([1, 2], [1.0, 1.0], 1000, method="dp")
-    assert solve_knapsack([1, 2], [1.0, 1.0], 1000, method="hirschberg").value == 2.0
+        solve_knapsack([1, 2], [1.0, 1.0], 1000, method="dp", options=options)
+    assert solve_knapsack([1, 2], [1.0, 1.0], 1000, method="hirschberg", options=options).value == 2.0
+    assert solve_knapsack([1, 2], [1.0, 1.0], 1000, method="dp").value == 2.0  # the default limit: 2 GiB
 
 
-def test_last_solve_stats_reports_the_core():
-    solve_knapsack([3, 4, 5, 6], [4.0, 5.0, 6.0, 7.0], 9, method="hirschberg")
-    stats = last_solve_stats()
-    assert stats["method"] == "hirschberg" and stats["kernel"] in ("numba", "numpy")
-    assert stats["core_items"] == 4 and stats["cell_updates"] > 0
+def test_result_stats_report_the_core():
+    stats = solve_knapsack([3, 4, 5, 6], [4.0, 5.0, 6.0, 7.0], 9, method="hirschberg").stats
+    assert stats.method == "hirschberg" and stats.kernel in ("numba", "numpy")
+    assert (stats.items, stats.capacity, stats.core_items, stats.core_capacity) == (4, 9, 4, 9)
+    assert stats.cell_updates > 0 and stats.workers_used == 1
+
+
+@pytest.mark.parametrize("method", ("dp", "greedy", "ilp"))
+def test_result_stats_of_methods_without_reductions(method):
+    stats = solve_knapsack([3, 4, 5, 6], [4.0, 5.0, 6.0, 7.0], 9, method=method).stats
+    assert stats == SolveStats(method, stats.kernel, 4, 9, core_items=4, core_capacity=9)
+    assert (stats.cell_updates, stats.workers_used) == (0, 1)
+
+
+def test_result_stats_when_reductions_settle_everything():
+    result = solve_knapsack([1, 2, 3], [1.0, 1.0, 1.0], 10)  # everything fits
+    assert result.chosen == (0, 1, 2)
+    assert (result.stats.method, result.stats.core_items, result.stats.cell_updates) == ("auto", 0, 0)
+
+
+def test_result_stats_are_carried_but_not_compared():
+    rng = np.random.default_rng(4)
+    weights, values = rng.integers(1, 50, 30), rng.uniform(1, 10, 30)
+    deep = SolverOptions(leaf_max_cells=0, checkpoint_share=0.0)
+    split = solve_knapsack(weights, values, 300, method="hirschberg", options=deep)
+    plain = solve_knapsack(weights, values, 300, method="hirschberg")
+    assert split.stats.cell_updates != plain.stats.cell_updates  # different work ...
+    assert split == plain and hash(split) == hash(plain)  # ... equal answers
+    assert dataclasses.replace(plain, stats=SolveStats()) == plain
+    assert KnapsackResult(1.0, 1, (0,), (), "auto").stats == SolveStats()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plain.stats.cell_updates = 0  # type: ignore[misc]
 
 
 def test_quantize_rounds_items_up_and_budget_down():

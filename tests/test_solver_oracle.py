@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.bench.generators import FAMILIES, make_instance
-from lightning_ckpt.solver import api, hirschberg, last_solve_stats, parallel, solve_knapsack
+from lightning_ckpt.solver import SolverOptions, hirschberg, solve_knapsack
 from lightning_ckpt.solver.value_profile import cell_updates
 
 EXACT = ("auto", "hirschberg", "dp")
@@ -39,11 +39,9 @@ def assert_optimal(result, weights, values, capacity, optimum):
 
 
 @pytest.fixture(params=["leaves", "forced splits"])
-def split_mode(request, monkeypatch):
-    """Run once with the default leaf rule and once with one-item leaves (deep Hirschberg)."""
-    if request.param == "forced splits":
-        monkeypatch.setattr(hirschberg, "LEAF_MAX_CELLS", 0)
-    return request.param
+def split_mode(request) -> SolverOptions:
+    """Options to run once with the default leaf rule and once with one-item leaves (deep Hirschberg)."""
+    return SolverOptions(leaf_max_cells=0) if request.param == "forced splits" else SolverOptions()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -51,16 +49,17 @@ def test_exact_methods_match_brute_force(family, split_mode):
     for weights, values, capacity in random_small_instances(family, 400, seed=FAMILIES.index(family)):
         optimum = brute_force_value(weights, values, capacity)
         for method in EXACT:
-            assert_optimal(
-                solve_knapsack(weights, values, capacity, method=method), weights, values, capacity, optimum
-            )
+            result = solve_knapsack(weights, values, capacity, method=method, options=split_mode)
+            assert_optimal(result, weights, values, capacity, optimum)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("n_items, capacity", [(40, 3_000), (120, 20_000)])
 def test_exact_methods_agree_on_medium_instances(family, n_items, capacity, split_mode):
     weights, values, capacity = make_instance(family, n_items, capacity, seed=n_items)
-    results = {m: solve_knapsack(weights, values, capacity, method=m) for m in (*EXACT, "ilp")}
+    results = {
+        m: solve_knapsack(weights, values, capacity, method=m, options=split_mode) for m in (*EXACT, "ilp")
+    }
     reference = results["dp"].value
     for method, result in results.items():
         assert result.weight <= capacity, method
@@ -69,31 +68,30 @@ def test_exact_methods_agree_on_medium_instances(family, n_items, capacity, spli
     assert greedy.weight <= capacity and greedy.value <= reference * (1 + 1e-12)
 
 
-def test_workers_two_equals_workers_one(monkeypatch):
-    monkeypatch.setattr(api, "PARALLEL_MIN_TOTAL_CELLS", 0)
-    monkeypatch.setattr(parallel, "PARALLEL_MIN_CELLS", 0)
-    monkeypatch.setattr(hirschberg, "LEAF_MAX_CELLS", 20_000)
+def test_workers_two_equals_workers_one():
+    options = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=20_000)
     for family in FAMILIES:
         weights, values, capacity = make_instance(family, 60, 5_000, seed=7)
         for method in ("auto", "hirschberg"):
-            single = solve_knapsack(weights, values, capacity, method=method, workers=1)
-            double = solve_knapsack(weights, values, capacity, method=method, workers=2)
-            assert last_solve_stats()["workers_used"] == 2 or last_solve_stats()["core_items"] == 0
+            single = solve_knapsack(weights, values, capacity, method=method, workers=1, options=options)
+            double = solve_knapsack(weights, values, capacity, method=method, workers=2, options=options)
+            assert double.stats.workers_used == 2 or double.stats.core_items == 0
+            assert single.stats.workers_used == 1
             assert double == single
+            assert double.stats.cell_updates == single.stats.cell_updates  # the same splits
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_checkpoints_change_the_work_not_the_answer(family, monkeypatch):
+def test_checkpoints_change_the_work_not_the_answer(family):
     """Warm segments (left half copied from a checkpoint) give the same set with fewer updates,
     also when the checkpoint room is too small for all of them."""
-    monkeypatch.setattr(hirschberg, "LEAF_MAX_CELLS", 2_000)
     weights, values, capacity = make_instance(family, 80, 4_000, seed=3)
     runs = {}
     for share in (1.0, 0.3, 0.0):
-        monkeypatch.setattr(hirschberg, "CHECKPOINT_SHARE", share)
-        runs[share] = solve_knapsack(weights, values, capacity, method="hirschberg"), last_solve_stats()
-    assert runs[1.0][0] == runs[0.3][0] == runs[0.0][0]
-    cells = [runs[share][1]["cell_updates"] for share in (1.0, 0.3, 0.0)]
+        options = SolverOptions(leaf_max_cells=2_000, checkpoint_share=share)
+        runs[share] = solve_knapsack(weights, values, capacity, method="hirschberg", options=options)
+    assert runs[1.0] == runs[0.3] == runs[0.0]
+    cells = [runs[share].stats.cell_updates for share in (1.0, 0.3, 0.0)]
     assert cells[0] < cells[1] < cells[2]
 
 

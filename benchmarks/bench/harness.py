@@ -20,7 +20,8 @@ from benchmarks.bench.instances import PAPER_W, BenchRow, KnapsackInstance, _sho
 from benchmarks.bench.methods import METHODS, TORCH_REFERENCE
 from benchmarks.bench.runner import _Runner
 
-_WARM_UP_LARGE = {"hirschberg-w2": (400, 1_000_000)}  # n, W: above the solver's threshold for workers
+# n, W: above SolverOptions().parallel_min_solve_cells, so that the warm-up starts the solver's workers
+_WARM_UP_LARGE = {"hirschberg-w2": (400, 1_000_000)}
 
 
 @dataclass(frozen=True)

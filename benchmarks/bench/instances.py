@@ -1,4 +1,4 @@
-"""The benchmark's instances (the solver's seeded families) and the row each method gives on one."""
+"""The benchmark's instances (the seeded families of ``generators``) and the row each method gives on one."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.bench import generators as solver_instances
+from benchmarks.bench import generators
 
 DEFAULT_N = (100, 500, 1000, 2000)
 DEFAULT_W = (10**5, 10**6, 10**7)
 PAPER_W = (140_000_000, 380_000_000)
-FAMILIES = solver_instances.FAMILIES
+FAMILIES = generators.FAMILIES
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,14 +33,14 @@ class KnapsackInstance:
 
 
 def make_instance(family: str, n: int, capacity: int, seed: int = 0) -> KnapsackInstance:
-    """The instance of ``family`` from the solver's generators (``benchmarks.bench.generators``).
+    """The instance of ``family`` from ``benchmarks.bench.generators``.
 
     Example:
         >>> instance = make_instance("B", 4, 100, seed=1)
         >>> instance.weights.dtype, instance.cells
         (dtype('int64'), 400)
     """
-    weights, values, _ = solver_instances.make_instance(family, n_items=n, capacity=capacity, seed=seed)
+    weights, values, _ = generators.make_instance(family, n_items=n, capacity=capacity, seed=seed)
     return KnapsackInstance(
         family, n, capacity, seed, np.asarray(weights, np.int64), np.asarray(values, float)
     )

@@ -6,8 +6,9 @@ Example:
     (0, 2)
 """
 
-from lightning_ckpt.solver.api import KnapsackResult, last_solve_stats, solve_knapsack
+from lightning_ckpt.solver.api import KnapsackResult, SolveStats, solve_knapsack
+from lightning_ckpt.solver.options import SolverOptions
 from lightning_ckpt.solver.quantize import quantize
 from lightning_ckpt.solver.value_profile import KERNEL
 
-__all__ = ["KERNEL", "KnapsackResult", "last_solve_stats", "quantize", "solve_knapsack"]
+__all__ = ["KERNEL", "KnapsackResult", "SolveStats", "SolverOptions", "quantize", "solve_knapsack"]

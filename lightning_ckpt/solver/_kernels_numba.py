@@ -1,6 +1,6 @@
 """Numba DP kernels: fused, in-place, GIL-free, compiled once and cached on disk.
 
-Importing this module raises ``ImportError`` when numba is missing; ``profile.py`` then falls
+Importing this module raises ``ImportError`` when numba is missing; ``value_profile.py`` then falls
 back to ``_kernels_numpy``. Results are bit-identical to the numpy twins.
 
 The per-item update ``dp[j] = max(dp[j], dp[j - w] + v)`` must read the profile *before* the

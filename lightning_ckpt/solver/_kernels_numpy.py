@@ -1,4 +1,4 @@
-"""Pure-numpy DP kernels: the fallback when numba is unavailable (see ``profile.py``).
+"""Pure-numpy DP kernels: the fallback when numba is unavailable (see ``value_profile.py``).
 
 Every function here computes exactly what its twin in ``_kernels_numba.py`` computes, bit for
 bit (same float operations in the same order per cell).
@@ -13,7 +13,7 @@ def extend(
     weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray, reach: int, *_grouping: int
 ) -> int:
     """Apply the items to ``out``, whose entries ``0..reach`` hold a profile; return the new
-    reach (see ``profile.profile``; entries above it are left unfilled).
+    reach (see ``value_profile.profile``; entries above it are left unfilled).
 
     ``_grouping`` (window, items, tile of the numba kernel's grouped sweep) is ignored here:
     item by item gives the same numbers.
@@ -23,18 +23,18 @@ def extend(
             continue
         new_reach = min(capacity, reach + w)
         out[reach + 1 : new_reach + 1] = out[reach]
-        target = out[w : new_reach + 1]
-        np.maximum(target, out[: new_reach + 1 - w] + v, out=target)  # a copy: reads before the item
+        dst = out[w : new_reach + 1]
+        np.maximum(dst, out[: new_reach + 1 - w] + v, out=dst)  # a copy: reads before the item
         reach = new_reach
     return reach
 
 
 def _improved(out: np.ndarray, w: int, v: float, hi: int) -> np.ndarray:
     """Apply one item to ``out[w:hi + 1]`` in place; return where it strictly improved."""
-    target = out[w : hi + 1]
+    dst = out[w : hi + 1]
     candidate = out[: hi + 1 - w] + v  # a copy: reads the profile before this item
-    improved = candidate > target
-    np.maximum(target, candidate, out=target)
+    improved = candidate > dst
+    np.maximum(dst, candidate, out=dst)
     return improved
 
 

@@ -13,24 +13,52 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from lightning_ckpt.solver import baselines, hirschberg, parallel
 from lightning_ckpt.solver.fits import check_fits
-from lightning_ckpt.solver.reduce import reduce_instance
+from lightning_ckpt.solver.options import SolverOptions, resolve_options
+from lightning_ckpt.solver.reduce import Core, reduce_instance
 from lightning_ckpt.solver.validate import validate_inputs
 from lightning_ckpt.solver.value_profile import KERNEL
 
-__all__ = ["KnapsackResult", "solve_knapsack", "last_solve_stats"]
+__all__ = ["KnapsackResult", "SolveStats", "solve_knapsack"]
 
-# Below this many cells (items x capacity) a solve never starts worker processes.
-PARALLEL_MIN_TOTAL_CELLS = 1 << 27
 
-_LAST_STATS: dict[str, object] = {}
+@dataclass(frozen=True)
+class SolveStats:
+    """Figures of one ``solve_knapsack`` call (for benchmarks and logs), carried on its result.
+
+    The defaults are those of a method without reductions or O(W) dynamic programming
+    (``"dp"``, ``"greedy"``, ``"ilp"``): no cell updates counted, one process.
+
+    Attributes:
+        method: The method asked for.
+        kernel: The DP back end of this process, ``"numba"`` or ``"numpy"``.
+        items: Items in the instance.
+        capacity: The instance's capacity.
+        core_items: Items left after the exact reductions (``"auto"``, ``"hirschberg"``); the
+            other methods work on the whole instance and report ``items``.
+        core_capacity: The capacity left after the reductions, in the core's weight units
+            (divided by the weights' common divisor); ``capacity`` for the other methods.
+        cell_updates: DP cells the O(W) method updated (0 for the other methods, and when the
+            reductions settled every item).
+        workers_used: Processes that computed, this one included.
+    """
+
+    method: str = ""
+    kernel: str = KERNEL
+    items: int = 0
+    capacity: int = 0
+    core_items: int = 0
+    core_capacity: int = 0
+    cell_updates: int = 0
+    workers_used: int = 1
 
 
 @dataclass(frozen=True)
@@ -43,6 +71,7 @@ class KnapsackResult:
         chosen: Sorted indices of the items kept.
         rejected: Sorted indices of the other items.
         method: The method that produced it.
+        stats: How it was computed; not part of equality (equal answers compare equal).
     """
 
     value: float
@@ -50,6 +79,7 @@ class KnapsackResult:
     chosen: tuple[int, ...]
     rejected: tuple[int, ...]
     method: str
+    stats: SolveStats = field(default=SolveStats(), compare=False)
 
 
 def solve_knapsack(
@@ -59,6 +89,7 @@ def solve_knapsack(
     *,
     method: str = "auto",
     workers: int = 1,
+    options: SolverOptions | None = None,
 ) -> KnapsackResult:
     """Choose items maximizing total value with total weight at most ``capacity``.
 
@@ -70,78 +101,87 @@ def solve_knapsack(
             (exact, dense O(W)-memory DP), ``"dp"`` (exact, full table, refuses large ones),
             ``"greedy"`` (ratio heuristic) or ``"ilp"`` (exact via scipy's MILP).
         workers: Processes for the exact O(W) paths; the answer does not depend on it.
+        options: Tunables (``SolverOptions``; None: the defaults); the answer does not depend
+            on them either.
 
     Returns:
-        A ``KnapsackResult``. Exact methods return an optimal, deterministic set.
+        A ``KnapsackResult``, its ``stats`` filled. Exact methods return an optimal,
+        deterministic set.
 
     Raises:
         ValueError: for invalid arguments (the message names the argument).
         MemoryError: when the needed memory exceeds what is available (or, for ``"dp"``,
-            ``baselines.DP_TABLE_LIMIT_BYTES``).
+            ``options.dp_table_limit_bytes``).
         ImportError: for ``"ilp"`` without scipy.
 
     Example:
-        >>> solve_knapsack([2, 3, 4], [3.0, 4.0, 5.5], 5, method="hirschberg").chosen
-        (0, 1)
+        >>> result = solve_knapsack([2, 3, 4], [3.0, 4.0, 5.5], 5, method="hirschberg")
+        >>> result.chosen, result.stats.core_items, result.stats.workers_used
+        ((0, 1), 3, 1)
+        >>> deep = SolverOptions(leaf_max_cells=0)  # split down to one-item leaves: same answer
+        >>> split = solve_knapsack([2, 3, 4], [3.0, 4.0, 5.5], 5, method="hirschberg", options=deep)
+        >>> split == result, split.stats == result.stats  # equal answers, different work
+        (True, False)
     """
     weight_array, value_array, capacity = validate_inputs(weights, values, capacity, method, workers)
-    _LAST_STATS.clear()
-    _LAST_STATS.update(
-        method=method, kernel=KERNEL, items=len(weight_array), capacity=capacity, cell_updates=0
-    )
+    options = resolve_options(options)
+    n = len(weight_array)
+    stats = SolveStats(method, KERNEL, n, capacity, core_items=n, core_capacity=capacity)
     if method in ("auto", "hirschberg"):
-        chosen = _solve_exact(weight_array, value_array, capacity, method == "auto", workers)
+        chosen, stats = _solve_exact(weight_array, value_array, capacity, stats, workers, options)
+    elif method == "dp":
+        chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)
     else:
-        solver = {"dp": baselines.dp_table, "greedy": baselines.greedy, "ilp": baselines.ilp}[method]
+        solver = baselines.greedy if method == "greedy" else baselines.ilp
         chosen = solver(weight_array, value_array, capacity)
-    result = _result(weight_array, value_array, chosen, method)
+    result = _result(weight_array, value_array, chosen, stats)
     if result.weight > capacity:  # a last guard: no method may ever answer over the capacity
         raise AssertionError(f"solver {method!r} chose weight {result.weight} over capacity {capacity}")
     return result
 
 
-def last_solve_stats() -> dict[str, object]:
-    """Figures of the last ``solve_knapsack`` call in this process (for benchmarks).
-
-    Keys: ``method``, ``kernel`` ("numba" or "numpy"), ``items``, ``capacity``,
-    ``core_items`` and ``core_capacity`` (after reductions), ``cell_updates`` (DP cells
-    updated), ``workers_used`` (processes that computed, this one included).
-
-    Example:
-        >>> _ = solve_knapsack([2, 3], [1.0, 1.0], 4, method="hirschberg")
-        >>> last_solve_stats()["core_items"]
-        2
-    """
-    return dict(_LAST_STATS)
-
-
-def _solve_exact(weights: np.ndarray, values: np.ndarray, capacity: int, use_lp: bool, workers: int):
-    core = reduce_instance(weights, values, capacity, use_lp=use_lp)
+def _solve_exact(
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    stats: SolveStats,
+    workers: int,
+    options: SolverOptions,
+) -> tuple[np.ndarray, SolveStats]:
+    """Reductions, then Hirschberg on what is left: the chosen mask and the completed stats."""
+    core = reduce_instance(weights, values, capacity, use_lp=stats.method == "auto")
     n, cap = len(core.weights), core.capacity
-    _LAST_STATS.update(core_items=n, core_capacity=cap, workers_used=1)
-    mask = np.zeros(n, dtype=np.bool_)
+    mask, cells, used = np.zeros(n, dtype=np.bool_), 0, 1
     if n and cap:
-        floats = hirschberg.arena_size(cap, n)
-        check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})")
-        if workers > 1 and n * (cap + 1) >= PARALLEL_MIN_TOTAL_CELLS:
-            _LAST_STATS["workers_used"] = workers
-            with parallel.PoolExecutor(core.weights, core.values, floats, workers) as executor:
-                mask, cells = hirschberg.solve_segments(core.weights, core.values, cap, executor)
-        else:
-            executor = hirschberg.LocalExecutor(core.weights, core.values, np.empty(floats))
-            mask, cells = hirschberg.solve_segments(core.weights, core.values, cap, executor)
-        _LAST_STATS["cell_updates"] = cells
+        mask, cells, used = _solve_core(core, workers, options)
     chosen = np.zeros(len(weights), dtype=np.bool_)
     chosen[core.expand(mask)] = True
-    return chosen
+    return chosen, dataclasses.replace(
+        stats, core_items=n, core_capacity=cap, cell_updates=cells, workers_used=used
+    )
 
 
-def _result(weights: np.ndarray, values: np.ndarray, chosen: np.ndarray, method: str) -> KnapsackResult:
+def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.ndarray, int, int]:
+    """Hirschberg on the reduced instance: ``(chosen mask, cell updates, processes used)``."""
+    n, cap = len(core.weights), core.capacity
+    floats = hirschberg.arena_size(cap, n, options)
+    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})")
+    if workers > 1 and n * (cap + 1) >= options.parallel_min_solve_cells:
+        with parallel.PoolExecutor(core.weights, core.values, floats, workers, options) as executor:
+            mask, cells = hirschberg.solve_segments(core.weights, core.values, cap, executor, options)
+        return mask, cells, workers
+    executor = hirschberg.LocalExecutor(core.weights, core.values, np.empty(floats), options)
+    mask, cells = hirschberg.solve_segments(core.weights, core.values, cap, executor, options)
+    return mask, cells, 1
+
+
+def _result(weights: np.ndarray, values: np.ndarray, chosen: np.ndarray, stats: SolveStats) -> KnapsackResult:
     index = np.arange(len(weights))
     return KnapsackResult(
         value=math.fsum(values[chosen].tolist()),
         weight=sum(weights[chosen].tolist()),
         chosen=tuple(index[chosen].tolist()),
         rejected=tuple(index[~chosen].tolist()),
-        method=method,
+        method=stats.method,
+        stats=stats,
     )

@@ -15,24 +15,27 @@ import logging
 import numpy as np
 
 from lightning_ckpt.solver.fits import check_fits
+from lightning_ckpt.solver.options import DEFAULT_OPTIONS
 
-__all__ = ["DP_TABLE_LIMIT_BYTES", "dp_table", "greedy", "ilp"]
+__all__ = ["dp_table", "greedy", "ilp"]
 
 log = logging.getLogger(__name__)
 
-DP_TABLE_LIMIT_BYTES = 2 * 2**30  # method="dp" refuses tables above 2 GiB (or available memory)
 
-
-def dp_table(weights: np.ndarray, values: np.ndarray, capacity: int) -> np.ndarray:
+def dp_table(
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    limit_bytes: int = DEFAULT_OPTIONS.dp_table_limit_bytes,
+) -> np.ndarray:
     """Exact: the full (n + 1) x (W + 1) float64 table and a backtrack (the textbook reference).
 
     Raises:
-        MemoryError: when the table exceeds ``DP_TABLE_LIMIT_BYTES`` or the available memory.
+        MemoryError: when the table exceeds ``limit_bytes`` (``SolverOptions.dp_table_limit_bytes``)
+            or the available memory.
     """
     n = len(weights)
-    check_fits(
-        8 * (n + 1) * (capacity + 1), DP_TABLE_LIMIT_BYTES, f"method='dp' ({n + 1} x {capacity + 1} table)"
-    )
+    check_fits(8 * (n + 1) * (capacity + 1), limit_bytes, f"method='dp' ({n + 1} x {capacity + 1} table)")
     table = np.zeros((n + 1, capacity + 1))
     for i, (w, v) in enumerate(zip(weights.tolist(), values.tolist(), strict=True), start=1):
         table[i] = table[i - 1]

@@ -21,9 +21,10 @@ Segments are processed level by level (an explicit work list: no recursion limit
 tasks of a level are independent, which is what ``parallel.py`` runs on several processes.
 
 Memory: one float64 arena of ``3 * (W + n)`` entries holds every profile and checkpoint (24
-bytes per capacity unit; checkpoints that do not fit are skipped); a leaf's bit table is at
-most ``LEAF_MAX_CELLS`` bits (512 KiB). Peak extra memory: 24 bytes per capacity unit + 512 KiB
-per process + O(n) (32 bytes per unit with the numpy fallback's temporary copy).
+bytes per capacity unit with the default ``SolverOptions.checkpoint_share``; checkpoints that do
+not fit are skipped); a leaf's bit table is at most ``SolverOptions.leaf_max_cells`` bits (512
+KiB by default). Peak extra memory: 24 bytes per capacity unit + 512 KiB per process + O(n) (32
+bytes per unit with the numpy fallback's temporary copy).
 
 Example:
     >>> w, v = np.array([1, 1, 1]), np.array([1.0, 1.0, 1.0])
@@ -41,17 +42,10 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.value_profile import best_split, cell_updates, profile, solve_leaf
 
 __all__ = ["Task", "LocalExecutor", "arena_size", "solve_segments", "run_task", "split_point"]
-
-# A segment is a leaf when its decision-bit table (items x capacities) has at most this many
-# cells (512 KiB). Larger segments are split: the recording pass of a leaf is several times
-# slower than the grouped profile kernel, so splitting down to small leaves is faster (measured).
-LEAF_MAX_CELLS = 1 << 22
-
-# Room for checkpoints, in float64 entries per capacity unit (and per item) of the instance.
-CHECKPOINT_SHARE = 1.0
 
 
 @dataclass(frozen=True)
@@ -96,41 +90,62 @@ class Executor(Protocol):
     def run(self, tasks: list[Task]) -> list[np.ndarray | None]: ...
 
 
-def run_task(weights: np.ndarray, values: np.ndarray, arena: np.ndarray, task: Task) -> np.ndarray | None:
-    """Run one task in this process: fill a profile (returns None) or solve a leaf (a mask)."""
+def run_task(
+    weights: np.ndarray,
+    values: np.ndarray,
+    arena: np.ndarray,
+    task: Task,
+    grouping: tuple[int, int, int] = DEFAULT_OPTIONS.grouping,
+) -> np.ndarray | None:
+    """Run one task in this process: fill a profile (returns None) or solve a leaf (a mask).
+
+    ``grouping`` is ``SolverOptions.grouping``, for the profile kernel.
+    """
     out = arena[task.offset : task.offset + task.capacity + 1]
     items = slice(task.lo, task.hi)
     if task.kind == "leaf":
         return solve_leaf(weights[items], values[items], task.capacity, out)
     if task.save_at < 0:
-        profile(weights[items], values[items], task.capacity, out)
+        profile(weights[items], values[items], task.capacity, out, grouping=grouping)
     else:
         saved = arena[task.save_offset : task.save_offset + task.save_len]
+        save_at = task.save_at - task.lo
         profile(
-            weights[items], values[items], task.capacity, out, save_at=task.save_at - task.lo, saved=saved
+            weights[items], values[items], task.capacity, out, save_at=save_at, saved=saved, grouping=grouping
         )
     return None
 
 
 class LocalExecutor:
-    """Runs tasks one after another in this process."""
+    """Runs tasks one after another in this process (with ``options.grouping``)."""
 
-    def __init__(self, weights: np.ndarray, values: np.ndarray, arena: np.ndarray) -> None:
+    def __init__(
+        self,
+        weights: np.ndarray,
+        values: np.ndarray,
+        arena: np.ndarray,
+        options: SolverOptions = DEFAULT_OPTIONS,
+    ) -> None:
         self.weights, self.values, self.arena = weights, values, arena
+        self.grouping = options.grouping
 
     def run(self, tasks: list[Task]) -> list[np.ndarray | None]:
-        return [run_task(self.weights, self.values, self.arena, task) for task in tasks]
+        return [run_task(self.weights, self.values, self.arena, task, self.grouping) for task in tasks]
 
 
-def arena_size(capacity: int, n_items: int) -> int:
+def arena_size(capacity: int, n_items: int, options: SolverOptions = DEFAULT_OPTIONS) -> int:
     """Float64 entries the arena needs: profiles, then checkpoints.
 
     A segment of ``n`` items at capacity ``c`` owns ``2 * (c + n)`` entries (room for its two
     profiles of ``c + 1``); its halves own ``2 * (c* + n_left)`` and ``2 * (c - c* + n_right)``,
     which exactly tile the parent's region, so regions of one level never overlap. The last
-    ``CHECKPOINT_SHARE * (capacity + n_items)`` entries hold one level's checkpoints.
+    ``options.checkpoint_share * (capacity + n_items)`` entries hold one level's checkpoints.
+
+    Example:
+        >>> arena_size(100, 10), arena_size(100, 10, SolverOptions(checkpoint_share=0.0))
+        (330, 220)
     """
-    return 2 * (capacity + n_items) + int(CHECKPOINT_SHARE * (capacity + n_items))
+    return 2 * (capacity + n_items) + int(options.checkpoint_share * (capacity + n_items))
 
 
 def split_point(weights: np.ndarray, lo: int, hi: int, capacity: int) -> int:
@@ -156,13 +171,15 @@ def split_point(weights: np.ndarray, lo: int, hi: int, capacity: int) -> int:
     return min(costs, key=lambda m: (costs[m], m))
 
 
-def _is_leaf(n_items: int, capacity: int) -> bool:
+def _is_leaf(n_items: int, capacity: int, leaf_max_cells: int) -> bool:
     """The rule depends only on the segment (never on ``workers``), so every run splits the
     instance the same way and returns the same set."""
-    return n_items * (capacity + 1) <= LEAF_MAX_CELLS
+    return n_items * (capacity + 1) <= leaf_max_cells
 
 
-def _plan_level(segments: list[Segment], weights, prefix, chosen) -> tuple[list[Task], list[Segment]]:
+def _plan_level(
+    segments: list[Segment], weights, prefix, chosen, leaf_max_cells: int
+) -> tuple[list[Task], list[Segment]]:
     """Turn a level's segments into tasks; settle trivial segments in ``chosen``. Returns the
     tasks and the segments that split (with their ``mid``)."""
     tasks, splits = [], []
@@ -174,7 +191,7 @@ def _plan_level(segments: list[Segment], weights, prefix, chosen) -> tuple[list[
             chosen[lo:hi] = True
         elif hi - lo == 1:  # a single item heavier than the capacity
             continue
-        elif _is_leaf(hi - lo, cap):
+        elif _is_leaf(hi - lo, cap, leaf_max_cells):
             tasks.append(Task("leaf", lo, hi, cap, offset))
         else:
             mid = seg.mid if seg.saved_len else split_point(weights, lo, hi, cap)
@@ -185,14 +202,17 @@ def _plan_level(segments: list[Segment], weights, prefix, chosen) -> tuple[list[
     return tasks, splits
 
 
-def _with_checkpoints(tasks: list[Task], weights, prefix, start: int, room: int) -> list[Task]:
+def _with_checkpoints(
+    tasks: list[Task], weights, prefix, start: int, room: int, leaf_max_cells: int
+) -> list[Task]:
     """Let profile passes save the left half of their range's next split, most cells saved
     first, while the checkpoints fit in ``arena[start:start + room]``."""
     offers = []
     for index, task in enumerate(tasks):
         lo, hi, cap = task.lo, task.hi, task.capacity
         # worth it only if the range can still split at the next level (capacity <= cap)
-        if task.kind != "profile" or hi - lo < 2 or _is_leaf(hi - lo, min(cap, prefix[hi] - prefix[lo] - 1)):
+        reachable = min(cap, prefix[hi] - prefix[lo] - 1)
+        if task.kind != "profile" or hi - lo < 2 or _is_leaf(hi - lo, reachable, leaf_max_cells):
             continue
         mid = split_point(weights, lo, hi, cap)
         offers.append(
@@ -227,6 +247,7 @@ def solve_segments(
     values: np.ndarray,
     capacity: int,
     executor: Executor,
+    options: SolverOptions = DEFAULT_OPTIONS,
 ) -> tuple[np.ndarray, int]:
     """Solve the instance exactly with Hirschberg splits; items must have weights > 0.
 
@@ -235,22 +256,23 @@ def solve_segments(
         values: float64 values >= 0.
         capacity: The capacity.
         executor: Runs each level's tasks (in this process, or on worker processes); its
-            arena has ``arena_size(capacity, len(weights))`` entries.
+            arena has ``arena_size(capacity, len(weights), options)`` entries.
+        options: ``leaf_max_cells`` and ``checkpoint_share`` are read here.
 
     Returns:
         ``(chosen mask, DP cell updates performed)``.
     """
     prefix = list(itertools.accumulate(weights.tolist(), initial=0))
     start = 2 * (capacity + len(weights))
-    room = arena_size(capacity, len(weights)) - start
+    room = arena_size(capacity, len(weights), options) - start
     chosen = np.zeros(len(weights), dtype=np.bool_)
     segments, cells = [Segment(0, len(weights), capacity, 0)], 0
     while segments:
-        tasks, splits = _plan_level(segments, weights, prefix, chosen)
+        tasks, splits = _plan_level(segments, weights, prefix, chosen, options.leaf_max_cells)
         for seg in splits:
             if seg.saved_len:
                 _restore(executor.arena, seg)
-        tasks = _with_checkpoints(tasks, weights, prefix, start, room)
+        tasks = _with_checkpoints(tasks, weights, prefix, start, room, options.leaf_max_cells)
         for task, mask in zip(tasks, executor.run(tasks), strict=True):
             cells += cell_updates(weights[task.lo : task.hi], task.capacity)
             if mask is not None:

@@ -8,7 +8,8 @@ load the cached compiled kernel. They are started on first need, kept for later 
 stopped at interpreter exit.
 
 With ``workers=N`` there are ``N - 1`` worker processes; the calling process is the N-th and
-runs tasks too. Tasks smaller than ``PARALLEL_MIN_CELLS`` stay in the calling process.
+runs tasks too. Tasks smaller than ``SolverOptions.parallel_min_task_cells`` stay in the calling
+process. The options travel to the workers with each solve (for the kernel's grouping).
 Results do not depend on which process ran a task (same kernel, same arithmetic).
 """
 
@@ -26,10 +27,9 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 from lightning_ckpt.solver.hirschberg import Task, run_task
+from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 
-__all__ = ["PARALLEL_MIN_CELLS", "SharedArena", "PoolExecutor", "get_workers", "shutdown_workers"]
-
-PARALLEL_MIN_CELLS = 1 << 24  # ~17M cell updates (a few ms): below this a task is not worth shipping
+__all__ = ["SharedArena", "PoolExecutor", "get_workers", "shutdown_workers"]
 
 _WORKER_CODE = "from lightning_ckpt.solver.parallel import worker_main; worker_main()"
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -104,19 +104,27 @@ def shutdown_workers() -> None:
 class PoolExecutor:
     """Runs a level's tasks on worker processes plus this one, biggest first.
 
-    Use as a context manager: it attaches the workers to the shared arena on entry and
-    detaches them (and frees the arena) on exit.
+    Use as a context manager: it attaches the workers to the shared arena (and hands them the
+    items and ``options``) on entry, and detaches them (and frees the arena) on exit. Tasks below
+    ``options.parallel_min_task_cells`` cells run in this process.
     """
 
-    def __init__(self, weights: np.ndarray, values: np.ndarray, arena_floats: int, workers: int) -> None:
-        self.weights, self.values = weights, values
+    def __init__(
+        self,
+        weights: np.ndarray,
+        values: np.ndarray,
+        arena_floats: int,
+        workers: int,
+        options: SolverOptions = DEFAULT_OPTIONS,
+    ) -> None:
+        self.weights, self.values, self.options = weights, values, options
         self._shared = SharedArena(arena_floats)
         self.arena = self._shared.array
         self._workers = get_workers(workers - 1)
-        self.min_cells = PARALLEL_MIN_CELLS
+        self.min_cells, self.grouping = options.parallel_min_task_cells, options.grouping
 
     def __enter__(self) -> PoolExecutor:
-        attach = ("attach", self._shared.shm.name, len(self.arena), self.weights, self.values)
+        attach = ("attach", self._shared.shm.name, len(self.arena), self.weights, self.values, self.options)
         for worker in self._workers:
             worker.send(attach)
         for worker in self._workers:
@@ -144,7 +152,7 @@ class PoolExecutor:
                 busy[worker.proc.stdout.fileno()] = (worker, index)
             if pending or local:
                 index = local.pop(0) if local else pending.popleft()
-                results[index] = run_task(self.weights, self.values, self.arena, tasks[index])
+                results[index] = run_task(self.weights, self.values, self.arena, tasks[index], self.grouping)
             for fd in _ready(busy, block=not (pending or local)):
                 worker, index = busy.pop(fd)
                 results[index] = worker.receive()
@@ -166,31 +174,37 @@ def _attach(name: str, n_floats: int) -> tuple[shared_memory.SharedMemory, np.nd
     return shm, np.ndarray((n_floats,), dtype=np.float64, buffer=shm.buf)
 
 
+def _handle(message: tuple, state: dict) -> np.ndarray | None:
+    """Serve one ``attach``, ``detach`` or ``task`` request; ``state`` keeps what ``attach`` brought."""
+    kind = message[0]
+    if kind == "attach":
+        _, name, n_floats, weights, values, options = message
+        state["shm"], state["arena"] = _attach(name, n_floats)
+        state.update(weights=weights, values=values, grouping=options.grouping)
+        return None
+    if kind == "detach":
+        shm = state.pop("shm")
+        state.clear()  # drop the arena view before closing its buffer
+        shm.close()
+        return None
+    return run_task(state["weights"], state["values"], state["arena"], message[1], state["grouping"])
+
+
 def worker_main() -> None:
     """Serve tasks from stdin until told to stop (runs in the worker subprocess)."""
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints must not corrupt the message stream
     requests = sys.stdin.buffer
-    shm, state = None, {}
+    state: dict = {}
     while True:
         message = pickle.load(requests)
+        if message[0] == "stop":
+            return
         try:
-            kind = message[0]
-            if kind == "stop":
-                return
-            if kind == "attach":
-                shm, state["arena"] = _attach(message[1], message[2])
-                state["weights"], state["values"] = message[3], message[4]
-                payload = None
-            elif kind == "detach":
-                state.clear()
-                shm.close()
-                payload = None
-            else:
-                payload = run_task(state["weights"], state["values"], state["arena"], message[1])
-            pickle.dump(("ok", payload), reply, protocol=pickle.HIGHEST_PROTOCOL)
+            answer = ("ok", _handle(message, state))
         except Exception:  # report, keep serving
             import traceback
 
-            pickle.dump(("error", traceback.format_exc()), reply, protocol=pickle.HIGHEST_PROTOCOL)
+            answer = ("error", traceback.format_exc())
+        pickle.dump(answer, reply, protocol=pickle.HIGHEST_PROTOCOL)
         reply.flush()

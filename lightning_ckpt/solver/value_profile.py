@@ -30,6 +30,7 @@ import os
 import numpy as np
 
 from lightning_ckpt.solver import _kernels_numpy
+from lightning_ckpt.solver.options import DEFAULT_OPTIONS
 
 __all__ = ["KERNEL", "profile", "solve_leaf", "best_split", "cell_updates"]
 
@@ -43,15 +44,6 @@ def _load_numba_kernels():
         return None
     return _kernels_numba
 
-
-# The numba kernel sweeps memory once per group of up to GROUP_ITEMS consecutive items, TILE
-# cells at a time. A group of items whose weights sum to at most GROUP_WINDOW cells (4 MiB of
-# profile) stays in cache: memory traffic per item drops by up to GROUP_ITEMS. Heavier items
-# (large W) are grouped anyway ("streaming" groups): each item then moves 16 bytes per cell
-# instead of 24 (its source cells come hot from the previous item). Results are unchanged.
-GROUP_WINDOW = 1 << 19
-GROUP_ITEMS = 8
-TILE = 2048
 
 _BACKEND = _load_numba_kernels() or _kernels_numpy
 KERNEL: str = "numba" if _BACKEND is not _kernels_numpy else "numpy"
@@ -69,6 +61,7 @@ def profile(
     *,
     save_at: int | None = None,
     saved: np.ndarray | None = None,
+    grouping: tuple[int, int, int] = DEFAULT_OPTIONS.grouping,
 ) -> None:
     """Fill ``out[:capacity + 1]`` with the knapsack value profile of the items.
 
@@ -81,6 +74,8 @@ def profile(
             free on the way) into ``saved``.
         saved: Array of ``min(capacity, weights[:save_at].sum()) + 1`` floats or more; the
             checkpoint fills all of it (the profile is flat beyond its items' total weight).
+        grouping: ``SolverOptions.grouping`` (window, items, tile) of the numba kernel's grouped
+            sweep; the numbers never depend on it.
 
     Example:
         >>> out, saved = np.empty(4), np.empty(2)
@@ -89,7 +84,7 @@ def profile(
         ([0.0, 1.0, 2.0, 3.0], [0.0, 1.0])
     """
     weights, values = _as_items(weights, values)
-    capacity, grouping = int(capacity), (GROUP_WINDOW, GROUP_ITEMS, TILE)
+    capacity = int(capacity)
     out[0] = 0.0
     reach = 0
     if save_at is not None:
