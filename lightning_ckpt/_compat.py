@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Generator
 from typing import Any
 
 import torch
@@ -20,6 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # torch 2.
 from torch.nn.modules.batchnorm import _NormBase  # torch 2.4-2.13: BatchNorm/InstanceNorm base
 from torch.utils._python_dispatch import TorchDispatchMode  # torch 2.4-2.13
 from torch.utils._pytree import tree_leaves, tree_map_only  # torch 2.4-2.13
+from torch.utils.checkpoint import _checkpoint_without_reentrant_generator  # torch 2.4-2.13
 
 __all__ = [
     "CHECKPOINT_WRAPPER_CLASS",
@@ -30,8 +33,10 @@ __all__ = [
     "NormBase",
     "TorchDispatchMode",
     "autocast_enabled",
+    "checkpoint_region",
     "collect_rng_states",
     "compiled_by_lightning",
+    "composable_api_names",
     "convert_precision",
     "fsdp_policy_classes",
     "set_rng_states",
@@ -103,3 +108,47 @@ def fsdp_policy_classes(policy: Any) -> list[type] | None:
     """The classes of a ``ModuleWrapPolicy`` (``_module_classes``, torch 2.4-2.13), or None."""
     classes = getattr(policy, "_module_classes", None)
     return None if classes is None else list(classes)
+
+
+def _region_options() -> list[Any]:
+    """The generator's parameters between ``fn`` and ``*args``: torch's defaults, RNG state preserved."""
+    options = []
+    for parameter in list(inspect.signature(_checkpoint_without_reentrant_generator).parameters.values())[1:]:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return options
+        options.append(True if parameter.name == "preserve_rng_state" else parameter.default)
+    raise TypeError("torch.utils.checkpoint._checkpoint_without_reentrant_generator takes no *args any more")
+
+
+_REGION_OPTIONS = _region_options()
+
+
+def checkpoint_region(recompute: Callable[..., Any], *args: Any) -> Generator[None, None, None]:
+    """Torch's non-reentrant checkpoint split at the forward: the first ``next()`` starts saving tensors as
+    recomputable, the second ends it; backward then calls ``recompute(*args)`` with the RNG state restored.
+
+    ``torch.utils.checkpoint._checkpoint_without_reentrant_generator`` (torch 2.4-2.13; what
+    ``torch.utils.checkpoint.checkpoint`` and the composable ``checkpoint`` run). Its options come before
+    ``*args``, and newer releases added ``early_stop`` among them (2.13 has it, older ones do not), so they
+    are passed by position as its signature lists them: torch's defaults, RNG state preserved.
+    """
+    return _checkpoint_without_reentrant_generator(recompute, *_REGION_OPTIONS, *args)
+
+
+def composable_api_names(module: Any) -> list[str]:
+    """Names of torch's composable APIs applied to ``module`` (``"checkpoint"``, ``"fully_shard"``...), read
+    with ``torch.distributed._composable.contract._get_registry`` (torch 2.4-2.13; ``{}`` or None if none)."""
+    if not torch.distributed.is_available():
+        return []
+    from torch.distributed._composable.contract import _get_registry
+
+    return list(_get_registry(module) or {})
+
+
+def reparametrize_module(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> Any:
+    """Context manager that swaps a module's parameters and buffers by name for the given tensors
+    (``torch.nn.utils.stateless._reparametrize_module``, what ``torch.func.functional_call`` uses;
+    torch 2.4-2.13). Unlike ``functional_call`` it lets any method run, ``training_step`` included."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    return _reparametrize_module(module, tensors)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import copy
 import logging
+import pickle
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_ckpt.core.profiler import profile_step
 from lightning_ckpt.core.wrapping import (
     apply_checkpointing,
     checkpointed_names,
+    is_checkpointed,
     remove_checkpointing,
     strip_wrapper_prefixes,
 )
@@ -198,14 +202,27 @@ def test_remove_restores_forward_and_logs(caplog):
     assert checkpointed_names(model) == BLOCKS[:2]
     assert remove_checkpointing(model) == BLOCKS[:2]
     assert checkpointed_names(model) == [] and "forward" not in model.transformer.h[0].__dict__
+    assert _no_hooks_left(model) and remove_checkpointing(model) == []
 
 
-def test_deepcopy_of_wrapped_model_checkpoints_its_own_modules():
+def _no_hooks_left(model: nn.Module) -> bool:
+    return all(
+        not m._forward_hooks and not m._forward_pre_hooks and not is_checkpointed(m) for m in model.modules()
+    )
+
+
+@pytest.mark.parametrize("copy_model", [copy.deepcopy, lambda model: pickle.loads(pickle.dumps(model))])
+def test_a_copy_of_a_wrapped_model_checkpoints_its_own_modules(copy_model):
     model = _model()
     apply_checkpointing(model, BLOCKS[:1])
-    clone = copy.deepcopy(model)
+    clone = copy_model(model)
+    counts = _count_forwards(clone)
     assert checkpointed_names(clone) == BLOCKS[:1]
-    assert clone.transformer.h[0].forward.original.__self__ is clone.transformer.h[0]
+    idx, targets = make_batch(clone.config, batch_size=2)
+    clone(idx, targets).backward()
+    assert counts == {BLOCKS[0]: 2, BLOCKS[1]: 1, BLOCKS[2]: 1, BLOCKS[3]: 1}
+    assert remove_checkpointing(clone) == BLOCKS[:1] and _no_hooks_left(clone)
+    assert checkpointed_names(model) == BLOCKS[:1]
 
 
 class _DDPLike(nn.Module):
@@ -243,16 +260,226 @@ def test_strip_wrapper_prefixes(name, expected):
 
 
 def test_module_kwargs_named_like_checkpoint_options_reach_the_module():
-    class TakesDebug(nn.Module):
+    class TakesOptions(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.linear = nn.Linear(4, 4)
 
-        def forward(self, x, debug=None, context_fn=None):
-            return self.linear(x) * (2.0 if debug else 1.0) + (0.0 if context_fn is None else context_fn)
+        def forward(self, x, debug=None, context_fn=None, preserve_rng_state=0.0, fn=0.0, early_stop=0.0):
+            offset = (0.0 if context_fn is None else context_fn) + preserve_rng_state + fn + early_stop
+            return self.linear(x) * (2.0 if debug else 1.0) + offset
 
-    model = nn.Sequential(TakesDebug())
+    options = {"debug": True, "context_fn": 1.0, "preserve_rng_state": 2.0, "fn": 3.0, "early_stop": 4.0}
+    model = nn.Sequential(TakesOptions())
     x = torch.randn(3, 4, requires_grad=True)
-    expected = model[0](x, debug=True, context_fn=1.0)
+    expected = model[0](x, **options)
+    expected.square().sum().backward()
+    expected_grad, x.grad = x.grad, None
     apply_checkpointing(model, ["0"])
-    torch.testing.assert_close(model[0](x, debug=True, context_fn=1.0), expected)
+    actual = model[0](x, **options)
+    actual.square().sum().backward()
+    torch.testing.assert_close((actual, x.grad), (expected, expected_grad))
+
+
+def _patch_forward_on_top(module: nn.Module, calls: list[int]) -> None:
+    """What accelerate's ``add_hook_to_module`` does: a new instance ``forward`` that calls the old one."""
+    old_forward = module.forward
+
+    def new_forward(*args, **kwargs):
+        calls.append(1)
+        return old_forward(*args, **kwargs)
+
+    module.forward = new_forward
+
+
+def test_a_forward_patched_on_top_keeps_checkpointing_visible_applied_and_removable():
+    reference, model = _model(), _model()
+    apply_checkpointing(model, BLOCKS[1:3])
+    calls: list[int] = []
+    _patch_forward_on_top(model.transformer.h[1], calls)
+    assert is_checkpointed(model.transformer.h[1]) and checkpointed_names(model) == BLOCKS[1:3]
+    torch.testing.assert_close(_train(model, steps=2), _train(reference, steps=2), rtol=0, atol=0)
+    assert len(calls) == 4, "twice a step: forward, then the recomputation in backward"
+
+    idx, targets = make_batch(model.config, batch_size=2)
+    with FlopCounterMode(display=False) as counter:
+        model.transformer.h[1](torch.randn(2, 32, model.config.n_embd))
+    block_flops = counter.get_total_flops()
+
+    def step_flops() -> int:
+        with FlopCounterMode(display=False) as counter:
+            model(idx, targets).backward()
+        return counter.get_total_flops()
+
+    checkpointed = step_flops()
+    assert remove_checkpointing(model) == BLOCKS[1:3] and checkpointed_names(model) == []
+    del calls[:]
+    plain = step_flops()
+    assert len(calls) == 1, "once: the patched forward stays, the checkpointing is gone"
+    assert checkpointed - plain == 2 * block_flops
+
+
+def test_user_pre_hooks_run_inside_the_checkpoint_and_forward_hooks_once_outside():
+    """A pre-hook runs in forward and again in the recomputation, on the original arguments; a forward hook
+    runs once, outside the region, so the tensors it saves are not recomputed (even without early stop)."""
+    reference, model = _model(), _model()
+    runs = {id(reference): {"pre": 0, "post": 0}, id(model): {"pre": 0, "post": 0}}
+
+    def add_hooks(gpt: GPT) -> None:
+        block, count = gpt.transformer.h[1], runs[id(gpt)]
+
+        def rewrite_input(module, args):  # rewrites the argument and draws from the RNG
+            count["pre"] += 1
+            return (args[0] * 2 + 0.1 * torch.randn_like(args[0]),)
+
+        def scale_output(module, args, output):  # saves `output` and the weight for backward
+            count["post"] += 1
+            return output * module.ln_2.weight
+
+        block.register_forward_pre_hook(rewrite_input)
+        block.register_forward_hook(scale_output)
+
+    add_hooks(reference)
+    add_hooks(model)
+    apply_checkpointing(model, BLOCKS[:2])
+    with set_checkpoint_early_stop(False):
+        torch.testing.assert_close(_train(model, steps=1), _train(reference, steps=1), rtol=0, atol=0)
+    assert runs[id(reference)] == {"pre": 1, "post": 1}
+    assert runs[id(model)] == {"pre": 2, "post": 1}
+
+
+def test_a_full_backward_hook_runs_once_with_the_plain_gradients():
+    reference, model = _model(), _model()
+    seen: list[list[torch.Tensor]] = [[], []]
+
+    def add_hook(gpt: GPT, grads: list[torch.Tensor]) -> None:
+        def record(module, grad_in, grad_out):
+            grads.extend([*grad_in, *grad_out])
+
+        gpt.transformer.h[0].register_full_backward_hook(record)
+
+    add_hook(reference, seen[0])
+    add_hook(model, seen[1])
+    apply_checkpointing(model, BLOCKS[:1])
+    torch.testing.assert_close(_train(model, steps=1), _train(reference, steps=1), rtol=0, atol=0)
+    assert len(seen[1]) == 2
+    torch.testing.assert_close(seen[1], seen[0], rtol=0, atol=0)
+
+
+class _Twice(nn.Module):
+    """Calls one checkpointed block twice (shared weights), with a checkpointed child inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = _model(n_layer=1)
+        self.config = self.gpt.config
+
+    def forward(self, idx, targets):
+        gpt = self.gpt.transformer
+        x = gpt.drop(gpt.wte(idx) + gpt.wpe(torch.arange(idx.shape[1])))
+        logits = self.gpt.lm_head(gpt.ln_f(gpt.h[0](gpt.h[0](x))))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def test_nested_and_reused_modules_give_the_plain_gradients():
+    reference, model = _Twice(), _Twice()
+    assert apply_checkpointing(model, ["gpt.transformer.h.0", "gpt.transformer.h.0.attn"]) == [
+        "gpt.transformer.h.0",
+        "gpt.transformer.h.0.attn",
+    ]
+    torch.testing.assert_close(_train(model, steps=2), _train(reference, steps=2), rtol=0, atol=0)
+
+
+def test_torch_composable_checkpoint_is_detected_and_not_wrapped_again():
+    from torch.distributed._composable import checkpoint
+
+    model = _model()
+    checkpoint(model.transformer.h[0])
+    with pytest.warns(UserWarning, match="already checkpointed"):
+        assert apply_checkpointing(model, BLOCKS[:2]) == BLOCKS[1:2]
+
+
+class _RefusesHooks(nn.Linear):
+    def register_forward_hook(self, *args, **kwargs):
+        raise RuntimeError("no forward hooks here")
+
+
+def test_a_failure_midway_leaves_nothing_half_wrapped():
+    model = nn.Sequential(nn.Linear(2, 2), _RefusesHooks(2, 2), nn.Linear(2, 2))
+    with pytest.raises(RuntimeError, match="no forward hooks here"):
+        apply_checkpointing(model, ["0", "1", "2"])
+    assert checkpointed_names(model) == [] and _no_hooks_left(model)
+
+
+def test_no_grad_runs_once_and_an_exception_in_forward_closes_the_region():
+    reference, model = _model(), _model()
+    counts = _count_forwards(model)
+    apply_checkpointing(model, BLOCKS)
+    idx, targets = make_batch(model.config, batch_size=2)
+    with torch.no_grad():
+        model(idx, targets)
+    assert set(counts.values()) == {1}
+
+    def failing_forward(*args):
+        raise RuntimeError("boom in block 2")
+
+    model.transformer.h[2].mlp.forward = failing_forward
+    with pytest.raises(RuntimeError, match="boom"):
+        model(idx, targets)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    del model.transformer.h[2].mlp.forward
+    torch.testing.assert_close(_train(model, steps=1), _train(reference, steps=1), rtol=0, atol=0)
+
+
+def test_an_error_in_the_recomputation_surfaces_as_itself():
+    model = _model()
+    apply_checkpointing(model, BLOCKS[:1])
+    layer_norm = model.transformer.h[0].ln_1
+    layer_norm_forward, calls = layer_norm.forward, []
+
+    def fails_when_recomputed(x):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("fails in the recomputation")
+        return layer_norm_forward(x)
+
+    layer_norm.forward = fails_when_recomputed
+    idx, targets = make_batch(model.config, batch_size=2)
+    loss = model(idx, targets)
+    with pytest.raises(ValueError, match="fails in the recomputation"):
+        loss.backward()
+
+
+def test_remove_closes_the_regions_an_interrupt_left_open():
+    reference, model = _model(), _model()
+    apply_checkpointing(model, BLOCKS)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    model.transformer.h[2].mlp.forward = interrupted
+    idx, targets = make_batch(model.config, batch_size=2)
+    with pytest.raises(KeyboardInterrupt):
+        model(idx, targets)
+    del model.transformer.h[2].mlp.forward
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is not None  # skipped always_call
+    assert remove_checkpointing(model) == BLOCKS
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    apply_checkpointing(model, BLOCKS)
+    torch.testing.assert_close(_train(model, steps=1), _train(reference, steps=1), rtol=0, atol=0)
+
+
+def test_inside_torch_compile_the_hooks_step_aside_with_a_warning():
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.3), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    model = copy.deepcopy(reference)
+    apply_checkpointing(model, ["2"])
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(4, 8)
+    torch.manual_seed(1)
+    reference(x).sum().backward()
+    torch.manual_seed(1)
+    with pytest.warns(UserWarning, match="inside torch.compile"):
+        compiled(x).sum().backward()
+    torch.testing.assert_close([p.grad for p in model.parameters()], [p.grad for p in reference.parameters()])
+    assert checkpointed_names(model) == ["2"]

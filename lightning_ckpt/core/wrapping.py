@@ -1,9 +1,38 @@
 """Apply and remove non-reentrant activation checkpointing in place, without changing module names.
 
-The wrapped module keeps its identity, its parameters and its ``state_dict()`` keys: only the instance's
-``forward`` attribute is replaced by a callable that runs the original forward under
-``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (RNG state preserved, so dropout masks
-are the same in the recomputation). Forward hooks of the module still run once, outside the checkpoint.
+Checkpointing is two forward hooks with removable handles: a pre-hook (``prepend=True``, with kwargs)
+opens torch's non-reentrant checkpoint region (``checkpoint_region``, the generator behind
+``torch.utils.checkpoint.checkpoint``; RNG state preserved, so dropout masks are the same in the
+recomputation) and a forward hook (``prepend=True``, ``always_call=True``) closes it. Backward recomputes
+by calling the module again on its original arguments, up to that closing hook. The module keeps its
+identity, its ``forward``, its parameters and its ``state_dict()`` keys.
+
+Why hooks of our own, and not torch's composable ``checkpoint`` (``torch.distributed._composable``: the
+same two hooks around the same generator). Replacing ``module.forward`` (the former design) is hidden by a
+library that patches ``forward`` on top (accelerate wraps the old one): checkpointing no longer shows nor
+comes off, and the library's own pre/post-forward steps are not recomputed. Hooks survive the patch, and
+the patched forward is recomputed too. Both hook designs keep names and ``state_dict`` keys and give the
+plain model's gradients with dropout. Composable (checked on torch 2.13) cannot be removed (no handles,
+which ``remove_checkpointing`` and ``checkpointing_removed`` need), raises ``AssertionError`` when applied
+twice, passes the module's kwargs into its generator's own parameters (a module kwarg ``debug`` is a
+``TypeError``), and opens its region after the module's earlier pre-hooks, so one that rewrites the
+arguments is replayed on rewritten ones (silently wrong gradients); the user's forward hooks run outside
+its region yet again in the recomputation unless torch's early stop cuts it short (without it, a hook that
+saves a tensor fails the backward). It is a private package, documented only by its docstring; the
+generator is private too (ours reaches it through ``lightning_ckpt._compat``). So ours opens the region
+first: the module's pre-hooks run inside it, once in forward and once more in the recomputation, on the
+original arguments; its forward hooks run outside, once. Neither hook design can checkpoint inside a
+``torch.compile`` graph (composable fails the backward with a ``CheckpointError``): ours steps aside there
+with a warning, where the former ``forward`` replacement was compiled with its checkpoint.
+
+Example:
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> _ = apply_checkpointing(model, ["0"])
+    >>> inner = model[0].forward
+    >>> model[0].forward = lambda *args, **kwargs: inner(*args, **kwargs)  # as accelerate does
+    >>> is_checkpointed(model[0]), remove_checkpointing(model)
+    (True, ['0'])
 """
 
 from __future__ import annotations
@@ -11,63 +40,131 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
+import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.hooks import RemovableHandle
 
-from lightning_ckpt._compat import CHECKPOINT_WRAPPER_CLASS
+from lightning_ckpt._compat import CHECKPOINT_WRAPPER_CLASS, checkpoint_region, composable_api_names
 from lightning_ckpt.core.names import outer_modules, resolve_modules, strip_wrapper_prefixes
 
 __all__ = [
     "apply_checkpointing",
     "checkpointed_names",
     "checkpointing_removed",
+    "is_checkpointed",
     "remove_checkpointing",
     "strip_wrapper_prefixes",
 ]
 
 log = logging.getLogger(__name__)
 
-_MISSING = object()
+_STATE = "_lightning_ckpt_checkpoint"
+"""Instance attribute holding a module's :class:`_Checkpoint` (a plain attribute: not in ``state_dict``)."""
 
 
-class CheckpointedForward:
-    """The replacement ``forward``: runs the original forward under non-reentrant checkpointing.
+class _ReplayDone(BaseException):
+    """Ends a recomputation at the closing hook (a BaseException: ``Module.__call__`` lets it through)."""
 
-    Attributes:
-        original: the ``forward`` attribute the module had before (a bound method, or a previous
-            instance attribute), called inside the checkpoint.
-        previous: the instance attribute to put back on removal (``_MISSING`` if there was none).
+
+class _Checkpoint:
+    """The two hooks that checkpoint one module, their handles, and its calls in flight.
+
+    It holds no reference to the module (hooks receive it), so ``copy.deepcopy`` of a model gives the copy
+    its own hooks on its own modules.
     """
 
-    def __init__(self, original: Callable[..., Any], previous: Any) -> None:
-        self.original = original
-        self.previous = previous
+    def __init__(self) -> None:
+        self.handles: list[RemovableHandle] = []
+        self.regions: list[Generator[None, None, None] | None] = []
+        self.replaying = 0
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # kwargs go to the module, never to `checkpoint` (a module kwarg named `debug` or `context_fn`)
-        forward = functools.partial(self.original, **kwargs) if kwargs else self.original
-        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True)
+    def start(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook: open the region, saving what backward needs to call the module again."""
+        if torch.compiler.is_compiling():
+            _warn_compiled(module)
+            return
+        if self.replaying:
+            return
+        region = None
+        if torch.is_grad_enabled():
+            # kwargs travel in the partial, never as the generator's own parameters (`debug`, `context_fn`)
+            region = checkpoint_region(functools.partial(self.replay, module, dict(kwargs)), *args)
+            next(region)
+        self.regions.append(region)
+
+    def finish(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Forward hook (also called when the forward raised): close the region; in a replay, stop it."""
+        if torch.compiler.is_compiling():
+            return
+        if self.replaying:
+            if sys.exc_info()[1] is None:  # else the recomputation failed: let its error through
+                raise _ReplayDone
+            return
+        region = self.regions.pop() if self.regions else None
+        if region is not None:
+            next(region, None)
+
+    def replay(self, module: nn.Module, kwargs: dict[str, Any], *args: Any) -> None:
+        """Recompute the region in backward: the module's call (pre-hooks, forward) up to :meth:`finish`."""
+        self.replaying += 1
+        try:
+            module(*args, **kwargs)
+        except _ReplayDone:
+            pass
+        finally:
+            self.replaying -= 1
+
+
+@torch.compiler.disable
+def _warn_compiled(module: nn.Module) -> None:
+    warnings.warn(
+        f"a {type(module).__name__} checkpointed by `apply_checkpointing` runs inside torch.compile, whose"
+        " graph these hooks cannot checkpoint: it runs without checkpointing there (gradients unchanged)",
+        stacklevel=2,
+    )
+
+
+def _wrap(module: nn.Module) -> None:
+    state = _Checkpoint()
+    setattr(module, _STATE, state)  # first, so that `_unwrap` undoes a failure in between
+    state.handles.append(module.register_forward_pre_hook(state.start, prepend=True, with_kwargs=True))
+    state.handles.append(module.register_forward_hook(state.finish, prepend=True, always_call=True))
+
+
+def _unwrap(module: nn.Module) -> bool:
+    state = module.__dict__.pop(_STATE, None)
+    for handle in getattr(state, "handles", ()):
+        handle.remove()
+    for region in reversed(getattr(state, "regions", ())):  # left open by an interrupt (no always_call)
+        if region is not None:
+            region.close()
+    return state is not None
 
 
 def is_checkpointed(module: nn.Module) -> bool:
-    """Whether ``module``'s forward was replaced by :func:`apply_checkpointing`."""
-    return isinstance(module.__dict__.get("forward"), CheckpointedForward)
+    """Whether :func:`apply_checkpointing` checkpoints ``module`` (whatever was patched on top since)."""
+    return isinstance(module.__dict__.get(_STATE), _Checkpoint)
 
 
-def _torch_wrapped(model: nn.Module, name: str) -> bool:
-    """Whether torch's ``checkpoint_wrapper`` (``CheckpointWrapper``) already wraps the module ``name``."""
-    return any(type(module).__name__ == CHECKPOINT_WRAPPER_CLASS for module in outer_modules(model, name))
+def _checkpointed_by_torch(model: nn.Module, name: str) -> bool:
+    """Whether torch's ``checkpoint_wrapper`` or composable ``checkpoint`` already covers module ``name``."""
+    return any(
+        type(module).__name__ == CHECKPOINT_WRAPPER_CLASS or "checkpoint" in composable_api_names(module)
+        for module in outer_modules(model, name)
+    )
 
 
 def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:
     """Checkpoint the named submodules of ``model`` in place (non-reentrant, RNG preserved).
 
-    All names are validated before anything is touched. Modules already checkpointed (by this function
-    or by torch's ``checkpoint_wrapper``) are skipped with a warning, never recomputed twice.
+    All names are validated before anything is touched, and an error part-way undoes this call. Modules
+    already checkpointed (by this function or by torch's ``checkpoint_wrapper`` or composable
+    ``checkpoint``) are skipped with a warning, never recomputed twice.
 
     Args:
         model: the model; may be wrapped by DDP/FSDP/``torch.compile`` (names are given without the
@@ -91,30 +188,29 @@ def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:
         ['0']
     """
     modules = resolve_modules(model, list(names))
-    wrapped = []
-    for name, module in modules.items():
-        if is_checkpointed(module) or _torch_wrapped(model, name):
-            warnings.warn(f"module {name!r} is already checkpointed; not wrapping it twice", stacklevel=2)
-            continue
-        previous = module.__dict__.get("forward", _MISSING)
-        module.forward = CheckpointedForward(module.forward, previous)
-        wrapped.append(name)
+    wrapped: list[str] = []
+    try:
+        for name, module in modules.items():
+            if is_checkpointed(module) or _checkpointed_by_torch(model, name):
+                warnings.warn(f"module {name!r} is already checkpointed; not wrapping it twice", stacklevel=2)
+                continue
+            wrapped.append(name)  # before `_wrap`, so that a failure inside it is undone too
+            _wrap(module)
+    except BaseException:
+        for name in wrapped:
+            _unwrap(modules[name])
+        raise
     log.info("activation checkpointing applied to %d module(s): %s", len(wrapped), ", ".join(wrapped) or "-")
     return wrapped
 
 
 def remove_checkpointing(model: nn.Module) -> list[str]:
-    """Undo :func:`apply_checkpointing` on every submodule of ``model``; returns the names unwrapped."""
-    removed = []
-    for name, module in model.named_modules():
-        forward = module.__dict__.get("forward")
-        if not isinstance(forward, CheckpointedForward):
-            continue
-        if forward.previous is _MISSING:
-            del module.forward
-        else:
-            module.forward = forward.previous
-        removed.append(strip_wrapper_prefixes(name))
+    """Undo :func:`apply_checkpointing` on every submodule of ``model``; returns the names unwrapped.
+
+    It also closes the checkpoint regions that an interrupt (``KeyboardInterrupt``, which skips
+    ``always_call`` hooks) left open in the middle of a forward.
+    """
+    removed = [strip_wrapper_prefixes(name) for name, module in model.named_modules() if _unwrap(module)]
     if removed:
         log.info("activation checkpointing removed from %d module(s): %s", len(removed), ", ".join(removed))
     return removed
