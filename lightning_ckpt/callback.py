@@ -6,7 +6,6 @@ import logging
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
@@ -15,12 +14,12 @@ from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.profile_types import Cost, StepProfile
-from lightning_ckpt.core.profiler import profile_step
-from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointing_removed, remove_checkpointing
+from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, remove_checkpointing
 from lightning_ckpt.lightning.checks import check_trainer, strategy_checkpointed
-from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
+from lightning_ckpt.lightning.planning import PlanBook, decide_plan, log_metrics, max_over_ranks, replanned
+from lightning_ckpt.lightning.profile import BatchShapes, batch_shapes, profile_in_fit
 from lightning_ckpt.plan import CheckpointPlan
-from lightning_ckpt.planner import BudgetTooSmallError, make_plan
+from lightning_ckpt.planner import BudgetTooSmallError
 from lightning_ckpt.solver.validate import Method
 from lightning_ckpt.units import BYTES_PER_GB
 
@@ -30,11 +29,13 @@ log = logging.getLogger(__name__)
 class AutoCheckpoint(Callback):
     """Checkpoint the modules that let training fit ``budget_gb`` per device at the least recompute cost.
 
-    On the first training batch it profiles every candidate module (activation memory kept for backward,
-    recompute cost) in an extra forward/backward that leaves no trace, solves the keep-or-checkpoint
-    choice exactly as a 0/1 knapsack, wraps the chosen modules with non-reentrant
-    ``torch.utils.checkpoint``, and trains on. After the next step it measures the real peak and, if it
-    is over the budget, re-plans once with the overshoot subtracted.
+    Before the first training batch, and before every batch whose tensor shapes it has not planned for
+    (a longer sequence, a larger batch, the first batch after a resume), it profiles every candidate module
+    (activation memory kept for backward on fake tensors, recompute time from forwards that keep nothing),
+    solves the keep-or-checkpoint choice exactly as a 0/1 knapsack, wraps the chosen modules with
+    non-reentrant ``torch.utils.checkpoint``, and trains on; nothing of that goes over the budget. Plans are
+    kept per batch shape, so a shape seen before costs nothing. After the first step with a new plan it
+    measures the real peak and, if it is over the budget, re-plans once with the overshoot subtracted.
 
     Args:
         budget_gb: peak memory (GB = 1e9 bytes) one device may use for training: parameters, gradients,
@@ -70,11 +71,12 @@ class AutoCheckpoint(Callback):
         measure: bool = True,
     ) -> None:
         self.config = AutoCheckpointConfig(budget_gb, targets, cost, solver, quantum_bytes, workers, measure)
-        self._plan: CheckpointPlan | None = None
-        self._profile: StepProfile | None = None
-        self._applied = False
+        self._book = PlanBook()
+        self._shapes: BatchShapes | None = None  # the batch shapes whose plan is applied now
+        self._plan_shapes: BatchShapes | None = None  # the same, kept after the fit for `plan`
         self._meter: track_peak_bytes | None = None
         self._measure_next = False
+        self._steps_this_fit = 0  # the first step of a fit is lighter (no gradients, no optimizer state yet)
 
     @property
     def budget_gb(self) -> float:
@@ -87,7 +89,17 @@ class AutoCheckpoint(Callback):
     @property
     def plan(self) -> CheckpointPlan | None:
         """The plan in force (``None`` before the first training step)."""
-        return self._plan
+        return self._book.plans.get(self._plan_shapes)
+
+    @property
+    def profile(self) -> StepProfile | None:
+        """The profile the plan in force was made from (``None`` for a plan restored from a checkpoint)."""
+        return self._book.profiles.get(self._plan_shapes)
+
+    @property
+    def plans(self) -> dict[BatchShapes, CheckpointPlan]:
+        """Every plan of this fit, by the batch shapes (shape and dtype of each tensor) it was made for."""
+        return dict(self._book.plans)
 
     @property
     @override
@@ -105,42 +117,33 @@ class AutoCheckpoint(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._applied:
+        shapes = batch_shapes(batch)
+        if shapes != self._shapes:
+            self._switch_plan(trainer, pl_module, batch, batch_idx, shapes)
+        if self._measure_next and self._steps_this_fit:
             self._start_measuring(trainer)
-            return
-        if self._plan is None:
-            self._plan = self._decide(trainer, self._profile_step(trainer, pl_module, batch, batch_idx))
-            rank_zero_info(f"AutoCheckpoint plan:\n{self._plan}")
-        else:
-            rank_zero_info(
-                f"AutoCheckpoint: re-applying the saved plan ({len(self._plan.checkpointed)} checkpointed)"
-            )
-        self._apply(pl_module, self._plan)
-        self._measure_next = self.config.measure and self._plan.measured_peak_bytes is None
-        _log_metrics(trainer, self._plan)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._steps_this_fit += 1
         if self._meter is None:
             return
-        peak_bytes = _max_over_ranks(trainer, self._stop_measuring())
-        self._plan = self._plan.with_measured_peak(peak_bytes)
+        peak_bytes = max_over_ranks(trainer, self._stop_measuring())
+        plan = self._book.plans[self._shapes] = self.plan.with_measured_peak(peak_bytes)
         rank_zero_info(
-            f"AutoCheckpoint: measured peak {peak_bytes / BYTES_PER_GB:.4f} GB, predicted {self._plan.predicted_peak_bytes / BYTES_PER_GB:.4f} GB,"
-            f" budget {self.budget_gb:g} GB"
+            f"AutoCheckpoint: measured peak {peak_bytes / BYTES_PER_GB:.4f} GB, predicted"
+            f" {plan.predicted_peak_bytes / BYTES_PER_GB:.4f} GB, budget {self.budget_gb:g} GB"
         )
-        _log_metrics(trainer, self._plan)
-        if peak_bytes > self.budget_bytes and self._plan.replanned:
+        log_metrics(trainer, plan)
+        if peak_bytes > self.budget_bytes and plan.replanned:
             rank_zero_warn(
-                f"AutoCheckpoint: the measured peak is still {(peak_bytes - self.budget_bytes) / BYTES_PER_GB:.4f} GB over"
-                " the budget after the one re-plan; lower the batch size or raise `budget_gb`"
+                f"AutoCheckpoint: the measured peak is still {(peak_bytes - self.budget_bytes) / BYTES_PER_GB:.4f}"
+                " GB over the budget after the one re-plan; lower the batch size or raise `budget_gb`"
             )
         elif peak_bytes > self.budget_bytes:
-            if self._profile is None:  # a resumed run: profile this batch (the plan came from a checkpoint)
-                self._profile_step(trainer, pl_module, batch, batch_idx)
-            self._replan(trainer, pl_module, overshoot_bytes=peak_bytes - self.budget_bytes)
+            self._replan(trainer, pl_module, batch, batch_idx, overshoot_bytes=peak_bytes - self.budget_bytes)
 
     @override
     def on_exception(
@@ -152,46 +155,53 @@ class AutoCheckpoint(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._meter is not None:
             self._stop_measuring()
-        if stage == "fit" and self._applied:
+        if stage == "fit" and self._shapes is not None:
             remove_checkpointing(pl_module)
-            self._applied = False
+            self._shapes = None
+        self._steps_this_fit = 0
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"budget_gb": self.budget_gb, "plan": None if self._plan is None else self._plan.to_dict()}
+        return {"budget_gb": self.budget_gb, **self._book.to_state(self._plan_shapes)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        plan = state_dict.get("plan")
-        self._plan = None if plan is None else CheckpointPlan.from_dict(plan)
+        self._book, self._plan_shapes = PlanBook.from_state(state_dict)  # older checkpoints: planned anew
 
     # -- the work, handed to plain functions -------------------------------------------------------------
 
-    def _profile_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> StepProfile:
-        candidates = find_candidates(pl_module, self.config.targets)
-        candidates = [name for name in candidates if name not in strategy_checkpointed(pl_module)]
-        step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
-        optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        with untouched_training_state(pl_module), no_gradient_sync(trainer), checkpointing_removed(pl_module):
-            self._profile = profile_step(
-                pl_module, step_fn, candidates, cost=self.config.cost, optimizer=optimizer
+    def _switch_plan(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        shapes: BatchShapes,
+    ) -> None:
+        """Apply the plan for ``shapes``, planning it first (before the step runs) if it is new."""
+        plan = self._book.plans.get(shapes)
+        if plan is None:
+            plan = self._book.plans[shapes] = self._new_plan(trainer, pl_module, batch, batch_idx, shapes)
+            rank_zero_info(f"AutoCheckpoint plan for batch shapes {_shapes_text(shapes)}:\n{plan}")
+        elif self._shapes is not None or trainer.global_step:
+            rank_zero_info(
+                f"AutoCheckpoint: the plan for batch shapes {_shapes_text(shapes)} ({len(plan.checkpointed)} checkpointed)"
             )
-        return self._profile
+        self._apply(pl_module, plan)
+        self._shapes = self._plan_shapes = shapes
+        self._measure_next = self.config.measure and plan.measured_peak_bytes is None
+        log_metrics(trainer, plan)
 
-    def _decide(
-        self, trainer: pl.Trainer, profile: StepProfile, budget_bytes: int | None = None
+    def _new_plan(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        shapes: BatchShapes,
     ) -> CheckpointPlan:
-        """Plan on rank 0 and broadcast it, so every rank applies the identical plan."""
-        budget = self.budget_bytes if budget_bytes is None else budget_bytes
-        payload, failure = self._plan_on_rank_zero(profile, budget) if trainer.is_global_zero else ({}, None)
-        payload = trainer.strategy.broadcast(payload, src=0)
-        if "too_small" in payload:
-            raise BudgetTooSmallError(*payload["too_small"])
-        if "failure" in payload:  # every rank fails the same way instead of waiting for a plan
-            raise failure or RuntimeError(f"AutoCheckpoint: planning failed on rank 0: {payload['failure']}")
-        plan = CheckpointPlan.from_dict(payload["plan"])
+        profile = self._profile(trainer, pl_module, batch, batch_idx, shapes)
+        plan = decide_plan(trainer, profile, self.config, shapes)
         if not plan.checkpointed:
             headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / BYTES_PER_GB
             rank_zero_info(
@@ -200,44 +210,62 @@ class AutoCheckpoint(Callback):
             )
         return plan
 
-    def _plan_on_rank_zero(self, profile: StepProfile, budget_bytes: int) -> tuple[dict, Exception | None]:
-        """The plan as plain data for the broadcast, or what made planning fail."""
-        try:
-            plan = make_plan(profile, budget_bytes, self.config)
-        except BudgetTooSmallError as error:
-            return {"too_small": (error.budget_bytes, error.minimum_bytes, len(profile.modules))}, error
-        except Exception as error:
-            return {"failure": repr(error)}, error
-        return {"plan": plan.to_dict()}, None
+    def _profile(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        shapes: BatchShapes,
+    ) -> StepProfile:
+        candidates = find_candidates(pl_module, self.config.targets)
+        candidates = [name for name in candidates if name not in strategy_checkpointed(pl_module)]
+        profile = profile_in_fit(trainer, pl_module, batch, batch_idx, candidates, self.config.cost)
+        self._book.profiles[shapes] = profile
+        return profile
 
     def _apply(self, pl_module: pl.LightningModule, plan: CheckpointPlan) -> None:
-        if plan.checkpointed:
-            apply_checkpointing(pl_module, plan.checkpointed)
-        self._applied = True
+        """Checkpoint exactly ``plan.checkpointed`` (only what changes is unwrapped or wrapped)."""
+        wanted = set(plan.checkpointed)
+        current = set(checkpointed_names(pl_module))
+        if current - wanted:
+            remove_checkpointing(pl_module)
+            current = set()
+        if wanted - current:
+            apply_checkpointing(pl_module, [name for name in plan.checkpointed if name not in current])
 
-    def _replan(self, trainer: pl.Trainer, pl_module: pl.LightningModule, overshoot_bytes: int) -> None:
+    def _replan(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        overshoot_bytes: int,
+    ) -> None:
         rank_zero_warn(
             f"AutoCheckpoint: measured peak is {overshoot_bytes / BYTES_PER_GB:.4f} GB over the budget;"
             " re-planning once with the overshoot subtracted"
         )
-        measured = self._plan.measured_peak_bytes
+        shapes, current = self._shapes, self.plan
+        profile = self._book.profiles.get(shapes) or self._profile(
+            trainer, pl_module, batch, batch_idx, shapes
+        )
         try:
-            plan = self._decide(trainer, self._profile, max(self.budget_bytes - overshoot_bytes, 0))
+            plan = decide_plan(
+                trainer, profile, self.config, shapes, max(self.budget_bytes - overshoot_bytes, 0)
+            )
         except BudgetTooSmallError as error:
             rank_zero_warn(
                 f"AutoCheckpoint: cannot re-plan within the budget ({error}); keeping the current plan"
             )
-            self._plan = _replanned(self._plan, self.budget_bytes, measured)
+            self._book.plans[shapes] = replanned(current, self.budget_bytes, current.measured_peak_bytes)
             return
-        remove_checkpointing(pl_module)
-        self._plan = _replanned(plan, self.budget_bytes, None)
-        self._apply(pl_module, self._plan)
+        self._book.plans[shapes] = plan = replanned(plan, self.budget_bytes, None)
+        self._apply(pl_module, plan)
         self._measure_next = self.config.measure
-        rank_zero_info(f"AutoCheckpoint re-plan:\n{self._plan}")
+        rank_zero_info(f"AutoCheckpoint re-plan:\n{plan}")
 
     def _start_measuring(self, trainer: pl.Trainer) -> None:
-        if not self._measure_next:
-            return
         self._measure_next = False
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self._meter = track_peak_bytes(
@@ -251,23 +279,5 @@ class AutoCheckpoint(Callback):
         return int(meter.peak_bytes)
 
 
-def _replanned(plan: CheckpointPlan, budget_bytes: int, measured_peak_bytes: int | None) -> CheckpointPlan:
-    """Mark a plan as the result of the one re-plan, reporting the user's budget (not the reduced one)."""
-    data = plan.to_dict() | {
-        "replanned": True,
-        "budget_bytes": budget_bytes,
-        "measured_peak_bytes": measured_peak_bytes,
-    }
-    return CheckpointPlan.from_dict(data)
-
-
-def _max_over_ranks(trainer: pl.Trainer, value: int) -> int:
-    """The largest value over all ranks: every rank must take the same re-plan decision."""
-    tensor = torch.tensor(int(value), dtype=torch.int64, device=trainer.strategy.root_device)
-    return int(trainer.strategy.reduce(tensor, reduce_op="max").item())
-
-
-def _log_metrics(trainer: pl.Trainer, plan: CheckpointPlan) -> None:
-    if trainer.is_global_zero:
-        for logger in trainer.loggers:
-            logger.log_metrics(plan.metrics(), step=trainer.global_step)
+def _shapes_text(shapes: BatchShapes) -> str:
+    return ", ".join(str(shape) for shape, _ in shapes)

@@ -33,17 +33,36 @@ _DEFAULT_CONFIG = AutoCheckpointConfig(budget_gb=1.0)  # only its cost, solver, 
 
 
 class BudgetTooSmallError(ValueError):
-    """The budget is below what the model needs even with every candidate checkpointed."""
+    """The budget is below what the model needs even with every candidate checkpointed.
 
-    def __init__(self, budget_bytes: int, minimum_bytes: int, num_candidates: int) -> None:
+    Example:
+        >>> print(BudgetTooSmallError(10**9, 2_345_600_000, 12, shapes=[(8, 1024), (8, 1024)]))
+        `budget_gb`=1 is too small for batch shapes (8, 1024), (8, 1024): even with all 12 candidate modules checkpointed this step needs 2.3456 GB per device. The smallest budget that works is budget_gb=2.346; raise the budget or shrink the batch or sequence length.
+    """
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        minimum_bytes: int,
+        num_candidates: int,
+        shapes: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         self.budget_bytes = int(budget_bytes)
         self.minimum_bytes = int(minimum_bytes)
+        self.num_candidates = int(num_candidates)
+        self.shapes = None if shapes is None else tuple(tuple(int(n) for n in shape) for shape in shapes)
         minimum_gb = math.ceil(minimum_bytes / BYTES_PER_GB * 1000) / 1000
+        where = "" if not self.shapes else " for batch shapes " + ", ".join(map(str, self.shapes))
         super().__init__(
-            f"`budget_gb`={budget_bytes / BYTES_PER_GB:g} is too small: even with all {num_candidates} candidate modules"
-            f" checkpointed this step needs {minimum_bytes / BYTES_PER_GB:.4f} GB per device. The smallest budget that"
-            f" works is budget_gb={minimum_gb:g}; raise the budget or shrink the batch or sequence length."
+            f"`budget_gb`={budget_bytes / BYTES_PER_GB:g} is too small{where}: even with all {num_candidates}"
+            f" candidate modules checkpointed this step needs {minimum_bytes / BYTES_PER_GB:.4f} GB per device."
+            f" The smallest budget that works is budget_gb={minimum_gb:g}; raise the budget or shrink the batch"
+            " or sequence length."
         )
+
+    def for_shapes(self, shapes: Sequence[Sequence[int]]) -> BudgetTooSmallError:
+        """The same error, naming the batch shapes it is about."""
+        return BudgetTooSmallError(self.budget_bytes, self.minimum_bytes, self.num_candidates, shapes)
 
 
 def item_values(profile: StepProfile, cost: Cost) -> list[float]:

@@ -40,12 +40,12 @@ class ShardedTokens(L.LightningDataModule):
         return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
 
 
-def rank_dependent_times(profile_step):
+def rank_dependent_times(profile_in_fit):
     """Profile as usual, then make the recompute times differ by rank (rank 1 sees them reversed): only
     the broadcast of rank 0's plan can make both ranks checkpoint the same blocks."""
 
     def profile_step_per_rank(*args, **kwargs):
-        profile = profile_step(*args, **kwargs)
+        profile = profile_in_fit(*args, **kwargs)
         if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
             seconds = [m.recompute_seconds for m in profile.modules][::-1]
             modules = [
@@ -59,7 +59,7 @@ def rank_dependent_times(profile_step):
 
 
 def main(out_dir: Path, mode: str) -> None:
-    callback_module.profile_step = rank_dependent_times(callback_module.profile_step)
+    callback_module.profile_in_fit = rank_dependent_times(callback_module.profile_in_fit)
     L.seed_everything(0, verbose=False)
     model = tiny_gpt(seed=1, dropout=0.0)
     ddp = mode == "ddp"

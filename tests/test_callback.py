@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 import lightning_ckpt.callback as callback_module
+import lightning_ckpt.lightning.planning as planning_module
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
 from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.core.wrapping import checkpointed_names
@@ -54,7 +55,7 @@ def _profile_bounds(model) -> tuple[int, int, object]:
     """Predicted peak with every block checkpointed and with none, from a profiling run."""
     probe = AutoCheckpoint(budget_gb=1000, measure=False)
     fit(model, [probe], max_steps=1)
-    profile = probe._profile
+    profile = probe.profile
     everything = [m.name for m in profile.modules]
     return predict_peak_bytes(profile, everything), predict_peak_bytes(profile, []), profile
 
@@ -172,7 +173,7 @@ def test_resume_reapplies_plan_without_profiling_and_matches_uninterrupted(tmp_p
     def no_profiling(*args, **kwargs):
         raise AssertionError("a resumed run must not profile again")
 
-    monkeypatch.setattr(callback_module, "profile_step", no_profiling)
+    monkeypatch.setattr(callback_module, "profile_in_fit", no_profiling)
     resumed_model, second = tiny_gpt(seed=99, dropout=0.0), AutoCheckpoint(budget_gb=budget_gb)
     trainer = fast_trainer([second], max_steps=6)
     trainer.fit(resumed_model, train_dataloaders=loader, ckpt_path=ckpt)
@@ -264,7 +265,7 @@ def test_a_planning_failure_leaves_the_model_untouched(monkeypatch):
     def broken_plan(*args, **kwargs):
         raise RuntimeError("solver exploded")
 
-    monkeypatch.setattr(callback_module, "make_plan", broken_plan)
+    monkeypatch.setattr(planning_module, "make_plan", broken_plan)
     model = tiny_gpt()
     with pytest.raises(RuntimeError, match="solver exploded"):
         fit(model, [AutoCheckpoint(budget_gb=1)], max_steps=2)
@@ -292,4 +293,4 @@ def test_resumed_run_that_overshoots_profiles_again_and_replans(tmp_path, monkey
         fast_trainer([callback], max_steps=3).fit(
             tiny_gpt(), train_dataloaders=token_loader(), ckpt_path=ckpt
         )
-    assert callback.plan.replanned and callback._profile is not None
+    assert callback.plan.replanned and callback.profile is not None

@@ -36,7 +36,7 @@ def test_cuda_plan_fits_and_prediction_is_close_to_the_allocator_peak(precision)
         abs(probe.plan.measured_peak_bytes - probe.plan.predicted_peak_bytes)
         <= 0.1 * probe.plan.measured_peak_bytes
     )
-    callback = _fit(AutoCheckpoint(budget_gb=_budget_between(probe._profile)), precision=precision)
+    callback = _fit(AutoCheckpoint(budget_gb=_budget_between(probe.profile)), precision=precision)
     plan = callback.plan
     assert 0 < len(plan.checkpointed) < BIG["n_layer"]
     assert plan.measured_peak_bytes <= plan.budget_bytes
@@ -58,7 +58,7 @@ def test_fsdp_single_gpu_wraps_inside_fsdp_units():
     probe = _fit(AutoCheckpoint(budget_gb=1000), strategy=FSDPStrategy(auto_wrap_policy={Block}))
     spy = InsideFsdpSpy()
     callback = _fit(
-        AutoCheckpoint(budget_gb=_budget_between(probe._profile)),
+        AutoCheckpoint(budget_gb=_budget_between(probe.profile)),
         strategy=FSDPStrategy(auto_wrap_policy={Block}),
         extra_callbacks=[spy],
     )

@@ -124,9 +124,17 @@ def test_track_peak_bytes_counts_live_storages_once_from_a_baseline():
         b = a + 1  # 4000 more
         del a, b, views
         c = torch.zeros(500)  # 2000: below the peak
-    assert meter.baseline_bytes == (16 * 16 + 16) * 4
-    assert meter.peak_bytes == meter.baseline_bytes + 8000
+    assert meter.peak_bytes == (16 * 16 + 16) * 4 + 8000  # the parameters live from entry on
     assert c.numel() == 500
+
+
+def test_track_peak_bytes_stops_counting_gradients_once_freed():
+    model = nn.Linear(100, 100, bias=False)
+    model.weight.grad = torch.ones_like(model.weight)  # 40 kB, alive on entry
+    with track_peak_bytes(model=model) as meter:
+        model.weight.grad = None  # zero_grad(set_to_none=True)
+        a = torch.zeros(10_000)  # 40 kB: the peak is the weight and `a`, not the freed gradient too
+    assert meter.peak_bytes == 2 * 40_000 and a.numel() == 10_000
 
 
 def test_measure_peak_bytes_runs_backward_and_counts_gradients():

@@ -73,6 +73,9 @@ class StepProfile:
     storages: tuple[SavedStorage, ...] = ()
     """Storage-level timeline; empty in hand-made profiles (the memory model then uses the totals)."""
     phases: tuple[BackwardPhase, ...] = ()
+    optimizer_step_bytes: int = 0
+    """The most ``optimizer.step()`` allocates beyond the static memory (its temporaries; activations are
+    freed by then). 0 when not measured."""
 
     @property
     def static_bytes(self) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from lightning_ckpt import _compat
-from lightning_ckpt._compat import TorchDispatchMode, tree_leaves
+from lightning_ckpt._compat import FakeTensor, TorchDispatchMode, tree_leaves
 
 
 def storage_of(tensor: Any) -> torch.UntypedStorage | None:
@@ -53,7 +53,9 @@ class LiveStorageTracker(TorchDispatchMode):
     """Counts the bytes of storages created by ops inside the mode that are still alive.
 
     Storages that existed before (an op's output aliasing one of its inputs, views, in-place ops) are not
-    counted. ``phase`` may be set from outside; ``phase_peak_bytes[phase]`` is the highest live count seen
+    counted, except the storages of ``existing`` tensors, counted from entry until they are freed (a
+    model's parameters and gradients, an optimizer's state). ``count_fake=False`` leaves fake and meta
+    tensors out (they take no memory). ``phase`` may be set from outside; ``phase_peak_bytes[phase]`` is the highest live count seen
     while that phase was current. Storages made by casting one of ``cast_sources`` (``aten._to_copy``, as
     autocast does to parameters) are listed in ``casts`` while they live.
 
@@ -67,9 +69,17 @@ class LiveStorageTracker(TorchDispatchMode):
         (2048, 1024)
     """
 
-    def __init__(self, cast_sources: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        cast_sources: frozenset[int] = frozenset(),
+        *,
+        existing: Iterable[Any] = (),
+        count_fake: bool = True,
+    ) -> None:
         super().__init__()
         self.cast_sources = cast_sources
+        self.count_fake = count_fake
+        self._existing = list(existing)
         self.casts: set[int] = set()
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -78,25 +88,42 @@ class LiveStorageTracker(TorchDispatchMode):
         self._tracked: dict[int, int] = {}
         self._lock = threading.Lock()
 
+    def __enter__(self) -> LiveStorageTracker:
+        for storage in map(self._storage, self._existing):
+            if storage is not None:
+                self._track(storage, "entry")
+        self._existing = []
+        return super().__enter__()
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        inputs = {storage_key(s) for s in map(storage_of, tree_leaves((args, kwargs))) if s is not None}
-        for storage in map(storage_of, tree_leaves(out)):
+        inputs = {storage_key(s) for s in map(self._storage, tree_leaves((args, kwargs))) if s is not None}
+        for storage in map(self._storage, tree_leaves(out)):
             if storage is not None and storage_key(storage) not in inputs:
-                self._track(storage)
+                self._track(storage, func)
                 if func is torch.ops.aten._to_copy.default and self._casts_a_source(args):
                     self.casts.add(storage_key(storage))
         return out
+
+    def _storage(self, tensor: Any) -> torch.UntypedStorage | None:
+        if not self.count_fake and isinstance(tensor, torch.Tensor):
+            if isinstance(tensor, FakeTensor) or tensor.device.type == "meta":
+                return None
+        return storage_of(tensor)
+
+    def _admit(self, nbytes: int, where: Any) -> None:
+        """Called before ``nbytes`` more become live (a subclass may refuse them)."""
 
     def _casts_a_source(self, args: tuple) -> bool:
         source = storage_of(args[0]) if args else None
         return source is not None and storage_key(source) in self.cast_sources
 
-    def _track(self, storage: torch.UntypedStorage) -> None:
+    def _track(self, storage: torch.UntypedStorage, where: Any) -> None:
         key, nbytes = storage_key(storage), storage.nbytes()
         with self._lock:
             if key in self._tracked:
                 return
+            self._admit(nbytes, where)
             self._tracked[key] = nbytes
             self.live_bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -88,6 +89,14 @@ def _run_training_step(trainer: Any, pl_module: pl.LightningModule, batch: Any, 
         return strategy.training_step(batch, batch_idx)  # autocast + DDP/FSDP forward redirection
     with trainer.precision_plugin.train_step_context():
         return pl_module.training_step(batch, batch_idx)
+
+
+@dataclass(frozen=True)
+class PrecisionOnlyTrainer:
+    """What :func:`training_loss_fn` reads from a Trainer when the step must bypass the strategy's
+    wrapper (fake-tensor profiles, offline plans): only the precision plugin."""
+
+    precision_plugin: Any
 
 
 def no_gradient_sync(trainer: pl.Trainer) -> contextlib.AbstractContextManager:

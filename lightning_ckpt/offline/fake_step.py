@@ -31,7 +31,7 @@ from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.core.profiler import profile_step
-from lightning_ckpt.lightning.step import training_loss_fn
+from lightning_ckpt.lightning.step import PrecisionOnlyTrainer, training_loss_fn
 from lightning_ckpt.offline.run_config import ClassSpec, RunConfig
 from lightning_ckpt.offline.static import _FakeModel, _param_dtypes, _static_memory
 
@@ -82,13 +82,6 @@ def precision_plugin(precision: str) -> Precision:
     raise ValueError(f"`precision` must be one of {allowed} to plan offline, got {precision!r}")
 
 
-@dataclass(frozen=True)
-class _PrecisionOnlyTrainer:
-    """What :func:`training_loss_fn` reads from a Trainer: its precision plugin (no Trainer offline)."""
-
-    precision_plugin: Precision
-
-
 def profile_training_step(
     model: L.LightningModule,
     batch: Any,
@@ -109,7 +102,7 @@ def profile_training_step(
     """
     plugin = precision_plugin(precision)
     candidates = find_candidates(model, targets)
-    step_fn = training_loss_fn(_PrecisionOnlyTrainer(plugin), model, plugin.convert_input(batch), 0)
+    step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), model, plugin.convert_input(batch), 0)
     return profile_step(model, step_fn, candidates, cost="flops", optimizer=optimizer)
 
 

@@ -7,18 +7,19 @@ from typing import Any
 
 import torch
 
-from lightning_ckpt.core.storage import LiveStorageTracker, unique_storage_bytes
+from lightning_ckpt.core.storage import LiveStorageTracker
 
-__all__ = ["measure_peak_bytes", "track_peak_bytes"]
+__all__ = ["measure_peak_bytes", "state_tensors", "track_peak_bytes"]
 
 
 class track_peak_bytes:  # noqa: N801 - used like a function: `with track_peak_bytes() as meter`
     """Measure the real peak memory of the code in a ``with`` block; read ``meter.peak_bytes`` after.
 
     On CUDA: the caching allocator's counters (reset on entry; the peak of everything on the device). On
-    any other device (and fake tensors): a dispatch mode that counts the storages created inside the block
-    while they live, plus ``baseline_bytes`` (by default the distinct storages of the ``model``'s
-    parameters, gradients and buffers and of the ``optimizer``'s state, alive on entry).
+    any other device (and fake tensors): a dispatch mode that counts every live storage: those created
+    inside the block, and the ``model``'s parameters, gradients and buffers and the ``optimizer``'s state
+    alive on entry, each until it is freed (gradients set to ``None`` by ``zero_grad`` stop counting);
+    or, if ``baseline_bytes`` is given, that constant in place of the model's and optimizer's.
 
     Example:
         >>> with track_peak_bytes(baseline_bytes=100) as meter:
@@ -37,9 +38,8 @@ class track_peak_bytes:  # noqa: N801 - used like a function: `with track_peak_b
         baseline_bytes: int | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else _model_device(model)
-        self.baseline_bytes = (
-            baseline_bytes if baseline_bytes is not None else _baseline_bytes(model, optimizer)
-        )
+        self.baseline_bytes = baseline_bytes or 0
+        self._existing = state_tensors(model, optimizer) if baseline_bytes is None else []
         self.peak_bytes = 0
         self._tracker: LiveStorageTracker | None = None
 
@@ -48,7 +48,8 @@ class track_peak_bytes:  # noqa: N801 - used like a function: `with track_peak_b
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            self._tracker = LiveStorageTracker().__enter__()
+            self._tracker = LiveStorageTracker(existing=self._existing).__enter__()
+            self._existing = []
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -90,11 +91,19 @@ def _model_device(model: torch.nn.Module | None) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
-def _baseline_bytes(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None) -> int:
+def state_tensors(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None) -> list[Any]:
+    """The model's parameters, gradients and buffers and the optimizer's state tensors.
+
+    Example:
+        >>> len(state_tensors(torch.nn.Linear(2, 2), None))  # weight and bias, no gradients yet
+        2
+    """
     tensors: list[Any] = []
     if model is not None:
         params = list(model.parameters())
-        tensors += params + [p.grad for p in params] + list(model.buffers())
+        tensors += params + [p.grad for p in params if p.grad is not None] + list(model.buffers())
     if optimizer is not None:
-        tensors += [t for state in optimizer.state.values() for t in state.values()]
-    return unique_storage_bytes(tensors)
+        tensors += [
+            t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)
+        ]
+    return tensors

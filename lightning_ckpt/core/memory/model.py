@@ -3,8 +3,9 @@
 The prediction replays the backward of the profiled step. For each measured phase (a point of the
 backward, see :class:`lightning_ckpt.core.profile_types.BackwardPhase`) it adds the saved storages alive there
 under the checkpointing choice and the phase's measured extra (gradients, temporaries); a checkpointed
-candidate being recomputed at that point counts as kept. The peak is the largest phase plus the static
-bytes (parameters, gradients, optimizer state, buffers).
+candidate being recomputed at that point counts as kept. The optimizer step is one more phase, with no
+activations left and its own temporaries. The peak is the largest phase plus the static bytes
+(parameters, gradients, optimizer state, buffers).
 
 Knapsack form: for every set ``S`` of checkpointed candidates,
 ``predict_peak_bytes(p, S) <= fixed_peak_bytes(p) + sum(keep_cost_bytes(p)[m] for m not in S)``,
@@ -41,7 +42,7 @@ def predict_peak_bytes(profile: StepProfile, checkpointed: Iterable[str]) -> int
         held = alive_bytes(profile.storages, [phase.time for phase in phases], chosen - {candidate})
         extra = np.array([phase.extra_bytes for phase in phases], dtype=np.int64)
         peak = max(peak, int((held + extra).max()))
-    return profile.static_bytes + peak
+    return profile.static_bytes + max(peak, profile.optimizer_step_bytes)
 
 
 def fixed_peak_bytes(profile: StepProfile) -> int:
@@ -104,4 +105,5 @@ def _predict_from_totals(profile: StepProfile, chosen: frozenset[str]) -> int:
             recompute = max(recompute, module.activation_bytes - module.input_bytes)
         else:
             held += module.activation_bytes
-    return profile.static_bytes + held + profile.backward_extra_bytes + recompute
+    step_bytes = held + profile.backward_extra_bytes + recompute
+    return profile.static_bytes + max(step_bytes, profile.optimizer_step_bytes)

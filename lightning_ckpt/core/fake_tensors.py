@@ -1,0 +1,101 @@
+"""Run a live model on fake tensors: same shapes, dtypes and devices, no memory, nothing of it touched.
+
+:func:`fake_model` swaps the model's parameters and buffers for fake copies for the duration of a block,
+so that profiling a step there measures, byte for byte, what the real step would keep alive, without
+allocating any of it. The optimizer step is measured the same way by :func:`optimizer_step_extra_bytes`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from lightning_ckpt._compat import FakeTensorMode, reparametrize_module, tree_map_only
+from lightning_ckpt.core.storage import LiveStorageTracker
+
+__all__ = ["FakeModel", "fake_model", "optimizer_step_extra_bytes"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FakeModel:
+    """What :func:`fake_model` yields: the mode and the fake twin of each real tensor."""
+
+    mode: FakeTensorMode
+    twins: dict[int, torch.Tensor]
+    """``id(real tensor)`` to its fake copy (parameters and buffers)."""
+
+    def fake(self, tree: Any) -> Any:
+        """The tensors of ``tree`` (a batch, any nesting) as fake tensors."""
+        return tree_map_only(torch.Tensor, self.mode.from_tensor, tree)
+
+
+@contextlib.contextmanager
+def fake_model(model: nn.Module) -> Iterator[FakeModel]:
+    """Inside the block, ``model``'s parameters and buffers are fake and ``FakeTensorMode`` is on.
+
+    Tied weights stay tied; the real tensors, their gradients and the model's buffers are untouched.
+
+    Example:
+        >>> model = nn.Linear(1024, 1024)
+        >>> with fake_model(model) as fake:
+        ...     out = model(fake.fake(torch.randn(8, 1024)))
+        ...     type(out).__name__, tuple(out.shape), model.weight.grad
+        ('FakeTensor', (8, 1024), None)
+        >>> type(model.weight).__name__
+        'Parameter'
+    """
+    mode = FakeTensorMode()
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named |= dict(model.named_buffers(remove_duplicate=False))
+    twins = {id(tensor): mode.from_tensor(tensor) for tensor in named.values()}
+    with reparametrize_module(model, {name: twins[id(t)] for name, t in named.items()}), mode:
+        yield FakeModel(mode, twins)
+
+
+def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel) -> int:
+    """Peak bytes one ``optimizer.step()`` allocates beyond what it keeps (its temporaries), measured on
+    fake tensors inside :func:`fake_model`: a twin optimizer of the same class and settings, on the fake
+    parameters with fake gradients and state. 0 for no optimizer or one that cannot be twinned (logged).
+
+    Example:
+        >>> model = nn.Linear(256, 256)
+        >>> adamw = torch.optim.AdamW(model.parameters(), foreach=True)
+        >>> with fake_model(model) as fake:
+        ...     optimizer_step_extra_bytes(adamw, fake) > 0
+        True
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return 0
+    try:
+        twin = _twin_optimizer(optimizer, fake)
+        with LiveStorageTracker() as tracker:
+            twin.step()
+    except Exception as error:  # an optimizer whose constructor or step needs more than its param groups
+        log.info(
+            "optimizer step not measured on fake tensors (%s: %s); counted as 0", type(error).__name__, error
+        )
+        return 0
+    return int(tracker.peak_bytes - tracker.live_bytes)
+
+
+def _twin_optimizer(optimizer: torch.optim.Optimizer, fake: FakeModel) -> torch.optim.Optimizer:
+    groups = []
+    for group in optimizer.param_groups:
+        params = [fake.twins.get(id(p)) for p in group["params"]]
+        if any(p is None for p in params):
+            raise ValueError("the optimizer holds tensors that are not the model's parameters")
+        for param in params:
+            param.grad = torch.zeros_like(param)
+        groups.append({**group, "params": params})
+    twin = type(optimizer)(groups)
+    for real, state in optimizer.state.items():
+        twin.state[fake.twins[id(real)]] = {key: fake.fake(value) for key, value in state.items()}
+    return twin

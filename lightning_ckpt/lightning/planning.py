@@ -1,0 +1,114 @@
+"""Planning across ranks: rank 0 plans and broadcasts, so every rank applies the identical plan; the plans
+of a fit are kept per batch shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.lightning.profile import BatchShapes
+from lightning_ckpt.plan import CheckpointPlan
+from lightning_ckpt.planner import BudgetTooSmallError, make_plan
+
+__all__ = ["PlanBook", "decide_plan", "log_metrics", "max_over_ranks", "replanned"]
+
+
+def decide_plan(
+    trainer: pl.Trainer,
+    profile: StepProfile,
+    config: AutoCheckpointConfig,
+    shapes: BatchShapes,
+    budget_bytes: int | None = None,
+) -> CheckpointPlan:
+    """Plan on rank 0 and broadcast it; every rank fails the same way when planning fails.
+
+    Raises:
+        BudgetTooSmallError: naming the batch ``shapes`` and the smallest budget that works for them.
+    """
+    budget = config.budget_bytes if budget_bytes is None else budget_bytes
+    payload, failure = _plan_on_rank_zero(profile, budget, config) if trainer.is_global_zero else ({}, None)
+    payload = trainer.strategy.broadcast(payload, src=0)
+    if "too_small" in payload:
+        raise BudgetTooSmallError(*payload["too_small"], shapes=[shape for shape, _ in shapes])
+    if "failure" in payload:
+        raise failure or RuntimeError(f"AutoCheckpoint: planning failed on rank 0: {payload['failure']}")
+    return CheckpointPlan.from_dict(payload["plan"])
+
+
+def _plan_on_rank_zero(
+    profile: StepProfile, budget_bytes: int, config: AutoCheckpointConfig
+) -> tuple[dict, Exception | None]:
+    """The plan as plain data for the broadcast, or what made planning fail."""
+    try:
+        plan = make_plan(profile, budget_bytes, config)
+    except BudgetTooSmallError as error:
+        return {"too_small": (error.budget_bytes, error.minimum_bytes, error.num_candidates)}, error
+    except Exception as error:
+        return {"failure": repr(error)}, error
+    return {"plan": plan.to_dict()}, None
+
+
+def replanned(plan: CheckpointPlan, budget_bytes: int, measured_peak_bytes: int | None) -> CheckpointPlan:
+    """Mark a plan as the result of the one re-plan, reporting the user's budget (not the reduced one)."""
+    data = plan.to_dict() | {
+        "replanned": True,
+        "budget_bytes": budget_bytes,
+        "measured_peak_bytes": measured_peak_bytes,
+    }
+    return CheckpointPlan.from_dict(data)
+
+
+def max_over_ranks(trainer: pl.Trainer, value: int) -> int:
+    """The largest value over all ranks: every rank must take the same re-plan decision."""
+    tensor = torch.tensor(int(value), dtype=torch.int64, device=trainer.strategy.root_device)
+    return int(trainer.strategy.reduce(tensor, reduce_op="max").item())
+
+
+def log_metrics(trainer: pl.Trainer, plan: CheckpointPlan) -> None:
+    """The plan's figures to every logger of the trainer (rank 0)."""
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics(plan.metrics(), step=trainer.global_step)
+
+
+@dataclass
+class PlanBook:
+    """The plans of a fit, one per batch shape, with the profiles they were made from.
+
+    Example:
+        >>> book = PlanBook()
+        >>> book.from_state(book.to_state(None)) == (book, None)
+        True
+    """
+
+    plans: dict[BatchShapes, CheckpointPlan] = field(default_factory=dict)
+    profiles: dict[BatchShapes, StepProfile] = field(default_factory=dict)
+
+    def to_state(self, current: BatchShapes | None) -> dict[str, Any]:
+        """Plain data for a checkpoint: the plans by shapes and the shapes in force (not the profiles)."""
+        plans = [[_shapes_to_lists(shapes), plan.to_dict()] for shapes, plan in self.plans.items()]
+        return {"plans": plans, "current_shapes": None if current is None else _shapes_to_lists(current)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> tuple[PlanBook, BatchShapes | None]:
+        """Inverse of :meth:`to_state`: the book and the shapes in force."""
+        plans = {
+            _shapes_from_lists(shapes): CheckpointPlan.from_dict(plan)
+            for shapes, plan in state.get("plans", [])
+        }
+        current = state.get("current_shapes")
+        return cls(plans), None if current is None else _shapes_from_lists(current)
+
+
+def _shapes_to_lists(shapes: BatchShapes) -> list[list[Any]]:
+    return [[list(shape), dtype] for shape, dtype in shapes]
+
+
+def _shapes_from_lists(data: list[list[Any]]) -> BatchShapes:
+    return tuple((tuple(int(n) for n in shape), str(dtype)) for shape, dtype in data)

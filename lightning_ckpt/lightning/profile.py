@@ -1,0 +1,147 @@
+"""Profile a training step inside a Lightning fit without going over the budget.
+
+- **Memory** comes from the step run on fake tensors (:func:`lightning_ckpt.core.fake_tensors.fake_model`):
+  the live model's shapes, dtypes and devices, the batch's shapes, Lightning's precision context, no byte
+  allocated. It is the real profile byte for byte (tested), plus the optimizer step's temporaries measured
+  the same way.
+- **Time** comes from forwards under ``torch.no_grad()``: nothing is kept for backward, so the timing run
+  needs less memory than any checkpointed step.
+- **Fallback**: a step that cannot run on fake tensors (a ``.item()`` or data-dependent branch in
+  ``training_step`` or the model) and FSDP (whose sharded parameters have no full-size twin here) are
+  profiled on real tensors as one unchecked step, with a warning that this step is not held to the budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_ckpt._compat import collect_rng_states, set_rng_states, tree_leaves
+from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
+from lightning_ckpt.core.memory.static import ModelSizes, ddp_static
+from lightning_ckpt.core.profile_types import Cost, StepProfile
+from lightning_ckpt.core.profiler import profile_step, time_forwards
+from lightning_ckpt.core.wrapping import checkpointing_removed
+from lightning_ckpt.lightning.step import (
+    PrecisionOnlyTrainer,
+    no_gradient_sync,
+    training_loss_fn,
+    untouched_training_state,
+)
+
+__all__ = ["BatchShapes", "batch_shapes", "profile_in_fit"]
+
+BatchShapes = tuple[tuple[tuple[int, ...], str], ...]
+"""The shape and dtype of every tensor of a batch, in ``tree_leaves`` order: what a plan depends on."""
+
+
+def batch_shapes(batch: Any) -> BatchShapes:
+    """The shapes and dtypes of the batch's tensors (non-tensors are ignored).
+
+    Example:
+        >>> batch_shapes({"ids": torch.zeros(2, 8, dtype=torch.long), "meta": "x"})
+        (((2, 8), 'torch.int64'),)
+    """
+    return tuple((tuple(t.shape), str(t.dtype)) for t in tree_leaves(batch) if isinstance(t, torch.Tensor))
+
+
+def profile_in_fit(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    batch_idx: int,
+    candidates: Sequence[str],
+    cost: Cost,
+) -> StepProfile:
+    """The step's profile for ``batch``: memory on fake tensors, time from no-grad forwards (see above).
+
+    Leaves no trace on training: gradients, buffers, RNG streams and logged metrics are as before.
+    """
+    optimizer = trainer.optimizers[0] if trainer.optimizers else None
+    with checkpointing_removed(pl_module):
+        profile = (
+            None if _is_fsdp(trainer) else _fake_profile(trainer, pl_module, batch, candidates, optimizer)
+        )
+        if profile is None:
+            return _with_strategy_memory(
+                _real_profile(trainer, pl_module, batch, batch_idx, candidates, cost), trainer
+            )
+        if cost == "time":
+            profile = _with_seconds(profile, _timed(trainer, pl_module, batch, batch_idx, candidates))
+    return _with_strategy_memory(profile, trainer)
+
+
+def _fake_profile(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, candidates: Sequence[str], optimizer: Any
+) -> StepProfile | None:
+    """The memory profile on fake tensors, or None (with a warning) when the step cannot run on them."""
+    plugin = trainer.precision_plugin
+    try:
+        with _rng_untouched(), fake_model(pl_module) as fake:
+            step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), pl_module, fake.fake(batch), 0)
+            profile = profile_step(pl_module, step_fn, candidates, cost="flops", optimizer=optimizer)
+            optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)
+    except Exception as error:  # data-dependent ops, .item(), custom kernels without a fake implementation
+        rank_zero_warn(
+            f"AutoCheckpoint: the training step does not run on fake tensors ({type(error).__name__}: {error});"
+            " profiling it on real tensors instead, so this one profiling step is not held to `budget_gb`"
+        )
+        return None
+    return dataclasses.replace(profile, optimizer_step_bytes=optimizer_bytes)
+
+
+def _real_profile(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    batch_idx: int,
+    candidates: Sequence[str],
+    cost: Cost,
+) -> StepProfile:
+    step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
+    optimizer = trainer.optimizers[0] if trainer.optimizers else None
+    with untouched_training_state(pl_module), no_gradient_sync(trainer):
+        return profile_step(pl_module, step_fn, candidates, cost=cost, optimizer=optimizer)
+
+
+def _timed(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, candidates: Sequence[str]
+) -> dict[str, float]:
+    step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
+    with untouched_training_state(pl_module), no_gradient_sync(trainer):
+        return time_forwards(pl_module, candidates, step_fn)
+
+
+def _with_seconds(profile: StepProfile, seconds: dict[str, float]) -> StepProfile:
+    modules = tuple(dataclasses.replace(m, recompute_seconds=seconds[m.name]) for m in profile.modules)
+    return dataclasses.replace(profile, modules=modules)
+
+
+def _with_strategy_memory(profile: StepProfile, trainer: pl.Trainer) -> StepProfile:
+    """DDP's gradient buckets (1x the gradients unless ``gradient_as_bucket_view``) in the static memory."""
+    model = getattr(trainer.strategy, "model", None)
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return profile
+    single = profile.static
+    sizes = ModelSizes(single.param_bytes, single.grad_bytes, single.optimizer_bytes, single.buffer_bytes)
+    static = ddp_static(sizes, gradient_as_bucket_view=bool(model.gradient_as_bucket_view))
+    return dataclasses.replace(profile, static=static)
+
+
+def _is_fsdp(trainer: pl.Trainer) -> bool:
+    return "fsdp" in type(trainer.strategy).__name__.lower()
+
+
+@contextlib.contextmanager
+def _rng_untouched() -> Iterator[None]:
+    states = collect_rng_states()
+    try:
+        yield
+    finally:
+        set_rng_states(states)
