@@ -76,7 +76,7 @@ class AutoCheckpoint(Callback):
         self._plan_shapes: BatchShapes | None = None  # the same, kept after the fit for `plan`
         self._meter: track_peak_bytes | None = None
         self._measure_next = False
-        self._steps_this_fit = 0  # the first step of a fit is lighter (no gradients, no optimizer state yet)
+        self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
 
     @property
     def budget_gb(self) -> float:
@@ -120,7 +120,7 @@ class AutoCheckpoint(Callback):
         shapes = batch_shapes(batch)
         if shapes != self._shapes:
             self._switch_plan(trainer, pl_module, batch, batch_idx, shapes)
-        if self._measure_next and self._steps_this_fit:
+        if self._measure_next and self._steps_this_fit and trainer.global_step:
             self._start_measuring(trainer)
 
     @override

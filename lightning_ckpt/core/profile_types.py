@@ -11,8 +11,23 @@ from typing import Literal, get_args
 
 from lightning_ckpt.core.memory.static import StaticMemory
 
-__all__ = ["COSTS", "BackwardPhase", "Cost", "ModuleProfile", "SavedStorage", "StaticMemory", "StepProfile"]
+__all__ = [
+    "COSTS",
+    "ZERO_GRADS",
+    "BackwardPhase",
+    "Cost",
+    "ZeroGrad",
+    "ModuleProfile",
+    "SavedStorage",
+    "StaticMemory",
+    "StepProfile",
+]
 
+ZeroGrad = Literal["after_forward", "before_forward", "never"]
+"""When the training loop frees the gradients of the last step: Lightning's loop after the forward and
+before the backward (``"after_forward"``), a plain loop that calls ``zero_grad()`` first
+(``"before_forward"``), or not within the step (``"never"``: gradient accumulation)."""
+ZERO_GRADS: tuple[str, ...] = get_args(ZeroGrad)
 Cost = Literal["time", "flops"]
 """What keeping a module saves per step: its measured recompute time, or its forward FLOPs."""
 COSTS: tuple[str, ...] = get_args(Cost)
@@ -33,6 +48,9 @@ class ModuleProfile:
     """Time of one forward of the module (summed over calls; 0.0 when ``cost="flops"``)."""
     flops: int
     """Forward flops of the module (``FlopCounterMode``), summed over calls."""
+    recompute_extra_bytes: int = 0
+    """The most its forward holds only while it runs (temporaries it does not keep): what recomputing it
+    in backward adds at that point on top of what it saves."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +73,12 @@ class BackwardPhase:
     candidate: str | None
     """Candidate whose forward holds ``time`` (it is being recomputed there if checkpointed), or None."""
     extra_bytes: int
-    """Peak live bytes in this phase minus the saved bytes alive there (gradients, temporaries)."""
+    """Peak live bytes in this phase minus the saved bytes alive there (activation gradients and
+    temporaries; parameter gradients that have landed are in ``grad_bytes``)."""
+    forward: bool = False
+    """The forward and the loss, before ``backward()`` is called (``time`` is ``inf``)."""
+    grad_bytes: int = 0
+    """Parameter gradients the backward has made by the end of this phase (when they start from none)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +96,8 @@ class StepProfile:
     storages: tuple[SavedStorage, ...] = ()
     """Storage-level timeline; empty in hand-made profiles (the memory model then uses the totals)."""
     phases: tuple[BackwardPhase, ...] = ()
+    zero_grad: ZeroGrad = "after_forward"
+    """When the training loop frees the last step's gradients: an input of the prediction."""
     optimizer_step_bytes: int = 0
     """The most ``optimizer.step()`` allocates beyond the static memory (its temporaries; activations are
     freed by then). 0 when not measured."""

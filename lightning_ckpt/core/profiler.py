@@ -5,8 +5,9 @@ counter and ``FlopCounterMode``, and returns a :class:`StepProfile` that :mod:`l
 turns into a peak-memory prediction for any set of checkpointed candidates.
 
 Side effects, by design: the step consumes random numbers (dropout), so the caller restores RNG state if
-it matters; parameter gradients are saved before and restored after (the profile runs on fresh zero
-gradients, so that gradients are present during the backward as in any later step). It only measures:
+it matters; parameter gradients are saved before and restored after (the profile runs without them:
+each gradient is counted from the moment the backward makes it, and :func:`predict_peak_bytes` adds
+them as the training loop holds them, see ``StepProfile.zero_grad``). It only measures:
 a model with modules checkpointed by :func:`lightning_ckpt.core.wrapping.apply_checkpointing` is refused
 (profile it inside :func:`lightning_ckpt.core.wrapping.checkpointing_removed`). Memory is counted per
 storage, on real or fake tensors.
@@ -37,7 +38,7 @@ from lightning_ckpt.core.profile_types import (
     SavedStorage,
     StepProfile,
 )
-from lightning_ckpt.core.recorder import Recorder
+from lightning_ckpt.core.recorder import Recorder, StepTracker
 from lightning_ckpt.core.storage import storage_key, storage_of, unique_storage_bytes
 from lightning_ckpt.core.wrapping import checkpointed_names
 
@@ -88,10 +89,13 @@ def profile_step(
             '`cost` must be "flops" when the model has fake tensors (nothing to time), got "time"'
         )
     _refuse_checkpointed(model)
-    with _fresh_grads(model):
-        recorder = Recorder(modules, _param_and_buffer_keys(model), FlopCounterMode(display=False))
+    with _no_grads(model):
+        params = list(model.parameters())
+        recorder = Recorder(modules, _param_and_buffer_keys(model), FlopCounterMode(display=False), params)
         with recorder.recording():
-            _backward(step_fn())
+            loss = step_fn()
+            recorder.tracker.enter_phase(_HEAD)
+            _backward(loss)
         seconds = _timed_forwards(modules, step_fn) if cost == "time" else dict.fromkeys(modules, 0.0)
     return _build_profile(model, recorder, seconds, optimizer)
 
@@ -119,13 +123,13 @@ def _param_and_buffer_keys(model: nn.Module) -> set[int]:
 
 
 @contextlib.contextmanager
-def _fresh_grads(model: nn.Module) -> Iterator[None]:
-    """Give trainable parameters zero gradients for the duration; put the caller's gradients back after."""
+def _no_grads(model: nn.Module) -> Iterator[None]:
+    """No gradients for the duration (the backward makes them); put the caller's gradients back after."""
     params = [p for p in model.parameters() if p.requires_grad]
     saved = [p.grad for p in params]
     try:
         for p in params:
-            p.grad = torch.zeros_like(p)
+            p.grad = None
         yield
     finally:
         for p, grad in zip(params, saved, strict=True):
@@ -225,10 +229,11 @@ def _build_profile(
             input_bytes=_bytes_where(storages, lambda s, n=name: any(c == n for c, _ in s.inputs)),
             recompute_seconds=seconds[name],
             flops=int(recorder.flops[name]),
+            recompute_extra_bytes=int(recorder.recompute_extra[name]),
         )
         for name in recorder.modules
     )
-    phases = _phases(storages, recorder.tracker.phase_peak_bytes)
+    phases = _phases(storages, recorder.tracker)
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     return StepProfile(
@@ -252,12 +257,22 @@ def _bytes_where(storages: tuple[SavedStorage, ...], keep: Callable[[SavedStorag
     return sum(storage.nbytes for storage in storages if keep(storage))
 
 
-def _phases(storages: tuple[SavedStorage, ...], peaks: dict[Any, int]) -> tuple[BackwardPhase, ...]:
+_HEAD = "head"  # the phase from the call of backward() to its first unpack of a saved tensor
+
+
+def _phases(storages: tuple[SavedStorage, ...], tracker: StepTracker) -> tuple[BackwardPhase, ...]:
     """Turn the tracker's per-phase peaks into extras over the saved bytes alive in each phase."""
+    peaks = tracker.phase_peak_bytes
     keys = list(peaks)
-    times = [math.inf if key is None else key[0] for key in keys]
+    times = [key[0] if isinstance(key, tuple) else math.inf for key in keys]
     saved = alive_bytes(storages, times, checkpointed=())
     return tuple(
-        BackwardPhase(time, None if key is None else key[1], int(peaks[key] - alive))
+        BackwardPhase(
+            time,
+            key[1] if isinstance(key, tuple) else None,
+            int(peaks[key] - alive),
+            forward=key is None,
+            grad_bytes=int(tracker.phase_grad_bytes.get(key, 0)),
+        )
         for key, time, alive in zip(keys, times, saved, strict=True)
     )

@@ -31,16 +31,76 @@ class StorageRow:
     inputs: list[tuple[str, int]] = field(default_factory=list)
 
 
+class StepTracker(LiveStorageTracker):
+    """The live-storage counter of a profiled step, which also keeps apart:
+
+    - gradients that have landed in ``param.grad`` (:meth:`land`): they leave ``live_bytes`` for
+      ``grad_bytes``, and ``phase_grad_bytes[phase]`` is the most landed while that phase was current;
+    - windows (:meth:`open_window`, :meth:`close_window`): the peak live bytes since a window opened, to
+      measure what a module's forward holds only while it runs.
+    """
+
+    def __init__(self, cast_sources: frozenset[int]) -> None:
+        super().__init__(cast_sources)
+        self.grad_bytes = 0
+        self.phase_grad_bytes: dict[Any, int] = {}
+        self._grads: dict[int, int] = {}
+        self._windows: list[int] = []
+
+    def land(self, grad: Any) -> None:
+        storage = storage_of(grad)
+        key = None if storage is None else storage_key(storage)
+        with self._lock:
+            nbytes = self._tracked.pop(key, None)
+            if nbytes is None:  # accumulated in place into an earlier gradient, or not made in the mode
+                return
+            self._grads[key] = nbytes
+            self.live_bytes -= nbytes
+            self.grad_bytes += nbytes
+            grads = self.phase_grad_bytes.get(self.phase, 0)
+            self.phase_grad_bytes[self.phase] = max(grads, self.grad_bytes)
+
+    def enter_phase(self, phase: Any) -> None:
+        """Make ``phase`` current (a point of the backward); the gradients landed so far count for it."""
+        with self._lock:
+            self.phase = phase
+            grads = self.phase_grad_bytes.get(phase, 0)
+            self.phase_grad_bytes[phase] = max(grads, self.grad_bytes)
+
+    def open_window(self) -> None:
+        self._windows.append(self.live_bytes)
+
+    def close_window(self) -> int:
+        """Peak bytes inside the window above what is live when it closes (>= 0)."""
+        return max(self._windows.pop() - self.live_bytes, 0)
+
+    def _track(self, storage: Any, where: Any) -> None:
+        super()._track(storage, where)
+        with self._lock:
+            self._windows[:] = [max(peak, self.live_bytes) for peak in self._windows]
+
+    def _release(self, key: int) -> None:
+        with self._lock:
+            self.grad_bytes -= self._grads.pop(key, 0)
+        super()._release(key)
+
+
 class Recorder:
     """Collects storage rows, forward flops and backward phase peaks; see :meth:`recording`."""
 
     def __init__(
-        self, modules: dict[str, nn.Module], excluded: set[int], flop_counter: FlopCounterMode
+        self,
+        modules: dict[str, nn.Module],
+        excluded: set[int],
+        flop_counter: FlopCounterMode,
+        params: list[torch.Tensor] = (),
     ) -> None:
         self.modules = modules
         self.excluded = excluded  # storage keys of parameters and buffers
         self.flop_counter = flop_counter
-        self.tracker = LiveStorageTracker(cast_sources=frozenset(excluded))
+        self.params = [p for p in params if p.requires_grad]
+        self.tracker = StepTracker(cast_sources=frozenset(excluded))
+        self.recompute_extra: dict[str, int] = dict.fromkeys(modules, 0)
         self.seq = 0
         self.stack: list[tuple[str, int, bool]] = []  # (candidate, flops at entry, autocast on)
         self.rows: list[StorageRow] = []
@@ -71,6 +131,7 @@ class Recorder:
                 if row is not None:
                     row.inputs.append((name, seq))
             self.stack.append((name, self.flop_counter.get_total_flops(), autocast_enabled()))
+            self.tracker.open_window()
 
         return hook
 
@@ -79,7 +140,9 @@ class Recorder:
             self._next()
             while self.stack:  # always_call: also runs when the forward raised
                 popped, flops_at_entry, _ = self.stack.pop()
+                transient = self.tracker.close_window()
                 if popped == name:
+                    self.recompute_extra[name] = max(self.recompute_extra[name], transient)
                     self.flops[name] += self.flop_counter.get_total_flops() - flops_at_entry
                     break
 
@@ -98,7 +161,8 @@ class Recorder:
 
     def _unpack(self, packed: tuple[int, str | None, torch.Tensor]) -> torch.Tensor:
         seq, owner, tensor = packed
-        self.tracker.phase = (seq, owner)
+        if self.tracker.phase != (seq, owner):
+            self.tracker.enter_phase((seq, owner))
         return tensor
 
     @contextlib.contextmanager
@@ -106,6 +170,8 @@ class Recorder:
         """Install every hook and mode; all are removed on exit, also when the body raises."""
         handles = []
         try:
+            for param in self.params:
+                handles.append(param.register_post_accumulate_grad_hook(lambda p: self.tracker.land(p.grad)))
             for name, module in self.modules.items():
                 handles.append(module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True))
                 handles.append(

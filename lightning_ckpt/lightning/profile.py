@@ -124,7 +124,10 @@ def _with_seconds(profile: StepProfile, seconds: dict[str, float]) -> StepProfil
 
 
 def _with_strategy_memory(profile: StepProfile, trainer: pl.Trainer) -> StepProfile:
-    """DDP's gradient buckets (1x the gradients unless ``gradient_as_bucket_view``) in the static memory."""
+    """Lightning's loop: gradients freed after the forward, or kept while they accumulate; and DDP's
+    gradient buckets (1x the gradients unless ``gradient_as_bucket_view``) in the static memory."""
+    accumulating = getattr(trainer, "accumulate_grad_batches", 1) > 1
+    profile = dataclasses.replace(profile, zero_grad="never" if accumulating else "after_forward")
     model = getattr(trainer.strategy, "model", None)
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return profile

@@ -20,29 +20,59 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lightning_ckpt.core.memory.timeline import alive_bytes
+from lightning_ckpt.core.profile_types import ZERO_GRADS
 
 if TYPE_CHECKING:
-    from lightning_ckpt.core.profile_types import SavedStorage, StepProfile
+    from lightning_ckpt.core.profile_types import BackwardPhase, SavedStorage, StepProfile, ZeroGrad
 
 __all__ = ["fixed_peak_bytes", "keep_cost_bytes", "predict_peak_bytes"]
 
 
-def predict_peak_bytes(profile: StepProfile, checkpointed: Iterable[str]) -> int:
+def predict_peak_bytes(
+    profile: StepProfile, checkpointed: Iterable[str], *, zero_grad: ZeroGrad | None = None
+) -> int:
     """Predicted peak bytes of a training step with the candidates ``checkpointed`` checkpointed.
 
+    Args:
+        profile: the step's profile.
+        checkpointed: names of candidates of ``profile``.
+        zero_grad: when the loop frees the last step's gradients (default ``profile.zero_grad``): they
+            are held through the forward (``"after_forward"``, Lightning), not (``"before_forward"``), or
+            through the whole step (``"never"``, gradient accumulation); in the backward the new ones count
+            as they are made.
+
     Raises:
-        ValueError: if a name in ``checkpointed`` is not a candidate of ``profile``.
+        ValueError: if a name in ``checkpointed`` is not a candidate of ``profile``, or ``zero_grad`` is
+            not one of its values.
     """
     chosen = _checked(profile, checkpointed)
+    when = _checked_zero_grad(profile.zero_grad if zero_grad is None else zero_grad)
     if not profile.storages:
         return _predict_from_totals(profile, chosen)
-    peak = 0
+    grads = profile.static.grad_bytes
+    recompute = {m.name: m.recompute_extra_bytes for m in profile.modules if m.name in chosen}
+    peak = grads + profile.optimizer_step_bytes  # the optimizer step: all gradients, no activations
     for candidate in {phase.candidate for phase in profile.phases}:
         phases = [phase for phase in profile.phases if phase.candidate == candidate]
         held = alive_bytes(profile.storages, [phase.time for phase in phases], chosen - {candidate})
-        extra = np.array([phase.extra_bytes for phase in phases], dtype=np.int64)
-        peak = max(peak, int((held + extra).max()))
-    return profile.static_bytes + max(peak, profile.optimizer_step_bytes)
+        extra = np.array([p.extra_bytes + _grads_held(p, grads, when) for p in phases], dtype=np.int64)
+        peak = max(peak, int((held + extra).max()) + recompute.get(candidate, 0))
+    return profile.static_bytes - grads + peak
+
+
+def _grads_held(phase: BackwardPhase, grad_bytes: int, when: ZeroGrad) -> int:
+    """Parameter-gradient bytes alive at ``phase``."""
+    if when == "never":
+        return grad_bytes
+    if phase.forward:
+        return grad_bytes if when == "after_forward" else 0
+    return min(phase.grad_bytes, grad_bytes)
+
+
+def _checked_zero_grad(when: str) -> ZeroGrad:
+    if when not in ZERO_GRADS:
+        raise ValueError(f"`zero_grad` must be one of {ZERO_GRADS}, got {when!r}")
+    return when
 
 
 def fixed_peak_bytes(profile: StepProfile) -> int:
