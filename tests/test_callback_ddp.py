@@ -33,3 +33,40 @@ def test_ddp_ranks_share_one_plan_and_train_like_one_process(tmp_path):
     assert ddp.keys() == single.keys()
     for key in ddp:
         torch.testing.assert_close(ddp[key], single[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+CAPPED_SCRIPT = Path(__file__).with_name("capped_ddp_script.py")
+
+
+def _run_capped(out_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(CAPPED_SCRIPT), str(out_dir), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=SCRIPT.parents[1])
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_ddp_ranks_stay_within_a_device_of_exactly_the_budget(tmp_path):
+    """Each rank trains inside `memory_cap(budget)`: DDP's gradient buckets count, and no rank goes over."""
+    probe = _run_capped(tmp_path, "probe")
+    assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-3000:]
+    bounds = json.loads((tmp_path / "bounds.json").read_text())
+    assert bounds["minimum"] < bounds["unchecked"]
+    budget_bytes = (bounds["minimum"] + bounds["unchecked"]) // 2
+    while int(budget_bytes / 1e9 * 1e9) != budget_bytes:  # budget_gb must give back exactly the cap
+        budget_bytes += 1
+
+    result = _run_capped(tmp_path, "capped", str(budget_bytes))
+    flags = {rank: (tmp_path / f"flag{rank}.txt") for rank in (0, 1)}
+    report = {rank: flag.read_text() if flag.exists() else "no flag" for rank, flag in flags.items()}
+    assert report == {0: "ok", 1: "ok"}, f"{report}, bounds {bounds}, cap {budget_bytes}\n" + (
+        result.stdout[-3000:] + result.stderr[-3000:]
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    plans = [json.loads((tmp_path / f"plan{rank}.json").read_text()) for rank in (0, 1)]
+    assert plans[0] == plans[1]
+    assert plans[0]["checkpointed"], "a budget below the unchecked peak must checkpoint something"
+    assert plans[0]["predicted_peak_bytes"] <= budget_bytes
+    for rank in (0, 1):
+        facts = json.loads((tmp_path / f"facts{rank}.json").read_text())
+        assert facts["callback_budget_bytes"] == budget_bytes and facts["global_step"] == 4
+        assert facts["peak_bytes"] > bounds["static"], "the cap saw the rank's training memory"

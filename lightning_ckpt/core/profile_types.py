@@ -78,7 +78,8 @@ class BackwardPhase:
     forward: bool = False
     """The forward and the loss, before ``backward()`` is called (``time`` is ``inf``)."""
     grad_bytes: int = 0
-    """Parameter gradients the backward has made by the end of this phase (when they start from none)."""
+    """When gradients start from none: what the parameter gradients made so far add to the phase's peak
+    (``extra_bytes + grad_bytes`` is the peak of everything beyond the saved bytes)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ class StepProfile:
     phases: tuple[BackwardPhase, ...] = ()
     zero_grad: ZeroGrad = "after_forward"
     """When the training loop frees the last step's gradients: an input of the prediction."""
+    after_backward_bytes: int = 0
+    """What the step still holds once its backward is done (the loss, the loop's copy of it): alive
+    through the optimizer step."""
     optimizer_step_bytes: int = 0
     """The most ``optimizer.step()`` allocates beyond the static memory (its temporaries; activations are
     freed by then). 0 when not measured."""

@@ -16,6 +16,7 @@ storage, on real or fake tensors.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -96,8 +97,10 @@ def profile_step(
             loss = step_fn()
             recorder.tracker.enter_phase(_HEAD)
             _backward(loss)
+            held_after_backward = recorder.tracker.live_bytes  # the loss (and copies) the loop still holds
         seconds = _timed_forwards(modules, step_fn) if cost == "time" else dict.fromkeys(modules, 0.0)
-    return _build_profile(model, recorder, seconds, optimizer)
+    profile = _build_profile(model, recorder, seconds, optimizer)
+    return dataclasses.replace(profile, after_backward_bytes=int(held_after_backward))
 
 
 def _refuse_checkpointed(model: nn.Module) -> None:
@@ -272,7 +275,7 @@ def _phases(storages: tuple[SavedStorage, ...], tracker: StepTracker) -> tuple[B
             key[1] if isinstance(key, tuple) else None,
             int(peaks[key] - alive),
             forward=key is None,
-            grad_bytes=int(tracker.phase_grad_bytes.get(key, 0)),
+            grad_bytes=int(tracker.phase_total_peak_bytes.get(key, 0) - peaks[key]),
         )
         for key, time, alive in zip(keys, times, saved, strict=True)
     )

@@ -35,7 +35,8 @@ class StepTracker(LiveStorageTracker):
     """The live-storage counter of a profiled step, which also keeps apart:
 
     - gradients that have landed in ``param.grad`` (:meth:`land`): they leave ``live_bytes`` for
-      ``grad_bytes``, and ``phase_grad_bytes[phase]`` is the most landed while that phase was current;
+      ``grad_bytes``; ``phase_total_peak_bytes[phase]`` is the most of both together while that phase
+      was current (``phase_peak_bytes`` is the most of ``live_bytes`` alone);
     - windows (:meth:`open_window`, :meth:`close_window`): the peak live bytes since a window opened, to
       measure what a module's forward holds only while it runs.
     """
@@ -43,7 +44,7 @@ class StepTracker(LiveStorageTracker):
     def __init__(self, cast_sources: frozenset[int]) -> None:
         super().__init__(cast_sources)
         self.grad_bytes = 0
-        self.phase_grad_bytes: dict[Any, int] = {}
+        self.phase_total_peak_bytes: dict[Any, int] = {}
         self._grads: dict[int, int] = {}
         self._windows: list[int] = []
 
@@ -57,15 +58,12 @@ class StepTracker(LiveStorageTracker):
             self._grads[key] = nbytes
             self.live_bytes -= nbytes
             self.grad_bytes += nbytes
-            grads = self.phase_grad_bytes.get(self.phase, 0)
-            self.phase_grad_bytes[self.phase] = max(grads, self.grad_bytes)
 
     def enter_phase(self, phase: Any) -> None:
-        """Make ``phase`` current (a point of the backward); the gradients landed so far count for it."""
+        """Make ``phase`` current (a point of the backward)."""
         with self._lock:
             self.phase = phase
-            grads = self.phase_grad_bytes.get(phase, 0)
-            self.phase_grad_bytes[phase] = max(grads, self.grad_bytes)
+            self._note_total()
 
     def open_window(self) -> None:
         self._windows.append(self.live_bytes)
@@ -78,6 +76,11 @@ class StepTracker(LiveStorageTracker):
         super()._track(storage, where)
         with self._lock:
             self._windows[:] = [max(peak, self.live_bytes) for peak in self._windows]
+            self._note_total()
+
+    def _note_total(self) -> None:
+        total = self.phase_total_peak_bytes.get(self.phase, 0)
+        self.phase_total_peak_bytes[self.phase] = max(total, self.live_bytes + self.grad_bytes)
 
     def _release(self, key: int) -> None:
         with self._lock:

@@ -87,7 +87,7 @@ def _fake_profile(
             step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), pl_module, fake.fake(batch), 0)
             profile = profile_step(pl_module, step_fn, candidates, cost="flops", optimizer=optimizer)
             optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)
-    except Exception as error:  # data-dependent ops, .item(), custom kernels without a fake implementation
+    except Exception as error:  # data-dependent ops, .item(), kernels without a fake implementation
         rank_zero_warn(
             f"AutoCheckpoint: the training step does not run on fake tensors ({type(error).__name__}: {error});"
             " profiling it on real tensors instead, so this one profiling step is not held to `budget_gb`"

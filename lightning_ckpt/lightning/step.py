@@ -70,6 +70,8 @@ def training_loss_fn(
     a real step. Logging is muted. ``trainer`` may be anything with a ``precision_plugin`` (offline plans).
     """
 
+    kept: list[torch.Tensor] = []
+
     def step_fn() -> torch.Tensor:
         with muted_logging(pl_module):
             output = _run_training_step(trainer, pl_module, batch, batch_idx)
@@ -78,6 +80,7 @@ def training_loss_fn(
             raise TypeError(
                 f"AutoCheckpoint needs `training_step` to return a loss tensor or a dict with 'loss', got {type(output)}"
             )
+        kept[:] = [loss.detach().clone()]  # as Lightning's loop keeps it through the backward (progress bar)
         return loss
 
     return step_fn

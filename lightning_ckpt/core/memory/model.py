@@ -51,22 +51,24 @@ def predict_peak_bytes(
         return _predict_from_totals(profile, chosen)
     grads = profile.static.grad_bytes
     recompute = {m.name: m.recompute_extra_bytes for m in profile.modules if m.name in chosen}
-    peak = grads + profile.optimizer_step_bytes  # the optimizer step: all gradients, no activations
+    peak = grads + profile.after_backward_bytes + profile.optimizer_step_bytes  # the optimizer step
     for candidate in {phase.candidate for phase in profile.phases}:
         phases = [phase for phase in profile.phases if phase.candidate == candidate]
         held = alive_bytes(profile.storages, [phase.time for phase in phases], chosen - {candidate})
-        extra = np.array([p.extra_bytes + _grads_held(p, grads, when) for p in phases], dtype=np.int64)
+        extra = np.array([p.extra_bytes + _last_step_held(p, profile, when) for p in phases], dtype=np.int64)
         peak = max(peak, int((held + extra).max()) + recompute.get(candidate, 0))
     return profile.static_bytes - grads + peak
 
 
-def _grads_held(phase: BackwardPhase, grad_bytes: int, when: ZeroGrad) -> int:
-    """Parameter-gradient bytes alive at ``phase``."""
+def _last_step_held(phase: BackwardPhase, profile: StepProfile, when: ZeroGrad) -> int:
+    """Bytes of parameter gradients alive at ``phase`` and, in a Lightning loop's forward, what the last
+    step still holds (its loss and the loop's copy of it)."""
+    grads = profile.static.grad_bytes
     if when == "never":
-        return grad_bytes
+        return grads + (profile.after_backward_bytes if phase.forward else 0)
     if phase.forward:
-        return grad_bytes if when == "after_forward" else 0
-    return min(phase.grad_bytes, grad_bytes)
+        return grads + profile.after_backward_bytes if when == "after_forward" else 0
+    return min(phase.grad_bytes, grads)
 
 
 def _checked_zero_grad(when: str) -> ZeroGrad:

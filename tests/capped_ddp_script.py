@@ -1,0 +1,92 @@
+"""Run by tests/test_callback_ddp.py: AutoCheckpoint under DDP (2 CPU processes, gloo) on a capped device.
+
+Usage:
+    python tests/capped_ddp_script.py OUT_DIR probe
+        Rank 0 writes ``bounds.json``: the per-rank minimum (every block checkpointed) and unchecked
+        (nothing checkpointed) predicted peaks in bytes, DDP's gradient buckets included.
+    python tests/capped_ddp_script.py OUT_DIR capped BUDGET_BYTES
+        Each rank trains inside ``memory_cap(BUDGET_BYTES, model=model)`` with ``budget_gb`` equal to the
+        cap, then writes ``plan{rank}.json`` and ``flag{rank}.txt`` (``ok``, or ``oom`` and the error).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from callback_helpers import tiny_gpt, token_loader  # noqa: E402
+
+from lightning_ckpt import AutoCheckpoint  # noqa: E402
+from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
+from lightning_ckpt.testing import memory_cap  # noqa: E402
+
+STEPS, BATCH = 4, 4  # BATCH rows per rank and step
+
+
+def ddp_trainer(callback: AutoCheckpoint, max_steps: int) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        # "ddp" with a short timeout: a rank that dies of OOM must not leave its peer waiting 30 minutes
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120)),
+        max_steps=max_steps,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        deterministic=True,
+    )
+
+
+def probe(out_dir: Path) -> None:
+    callback = AutoCheckpoint(budget_gb=1000, measure=False)
+    L.seed_everything(0, verbose=False)
+    trainer = ddp_trainer(callback, max_steps=1)
+    trainer.fit(tiny_gpt(), train_dataloaders=token_loader(batch_size=BATCH, num_batches=2 * STEPS))
+    if trainer.is_global_zero:
+        bounds = {
+            "minimum": fixed_peak_bytes(callback.profile),
+            "unchecked": predict_peak_bytes(callback.profile, []),
+            "static": callback.profile.static_bytes,
+        }
+        (out_dir / "bounds.json").write_text(json.dumps(bounds))
+
+
+def capped(out_dir: Path, budget_bytes: int) -> None:
+    model = tiny_gpt()
+    callback = AutoCheckpoint(budget_gb=budget_bytes / 1e9)
+    L.seed_everything(0, verbose=False)
+    trainer = ddp_trainer(callback, max_steps=STEPS)
+    loader = token_loader(batch_size=BATCH, num_batches=2 * STEPS)
+    try:
+        with memory_cap(budget_bytes, model=model) as cap:
+            trainer.fit(model, train_dataloaders=loader)
+    except torch.OutOfMemoryError as error:
+        (out_dir / f"flag{trainer.global_rank}.txt").write_text(f"oom at step {trainer.global_step}: {error}")
+        raise
+    plan = callback.plan.to_dict()
+    (out_dir / f"plan{trainer.global_rank}.json").write_text(json.dumps(plan, sort_keys=True))
+    facts = {
+        "callback_budget_bytes": callback.budget_bytes,
+        "global_step": trainer.global_step,
+        "peak_bytes": cap.peak_bytes,
+    }
+    (out_dir / f"facts{trainer.global_rank}.json").write_text(json.dumps(facts))
+    (out_dir / f"flag{trainer.global_rank}.txt").write_text("ok")
+
+
+if __name__ == "__main__":
+    if sys.argv[2] == "probe":
+        probe(Path(sys.argv[1]))
+    else:
+        capped(Path(sys.argv[1]), int(sys.argv[3]))
