@@ -38,7 +38,7 @@ NOT_MODELLED: tuple[str, ...] = (
     "caching-allocator fragmentation and reserved-but-free blocks",
     "NCCL communication buffers and streams",
     "cuBLAS/cuDNN workspaces",
-    "optimizer-step and gradient-clipping temporaries (e.g. foreach AdamW's per-group buffers)",
+    "gradient-clipping temporaries (one scalar per parameter; the optimizer step's are modelled)",
     "CPU vs GPU kernel differences (the plan is profiled on CPU: autocast op lists, attention backend)",
     "FSDP flat-parameter padding (under one element per rank per unit)",
 )
