@@ -47,7 +47,7 @@ def verdicts(results: Sequence[PolicyResult]) -> list[BudgetVerdict]:
 def format_results(results: Sequence[PolicyResult], total_blocks: int) -> str:
     """The per-policy table: blocks checkpointed, peaks, median step time, final loss."""
     lines = [
-        f"{'policy':<18} {'ckpt':>6} {'budgetBYTES_PER_MB':>10} {'predBYTES_PER_MB':>9} {'peakBYTES_PER_MB':>9} {'step_ms':>9} {'min_ms':>8} {'loss':>8}"
+        f"{'policy':<18} {'ckpt':>6} {'budget_MB':>10} {'pred_MB':>9} {'peak_MB':>9} {'step_ms':>9} {'min_ms':>8} {'loss':>8}"
     ]
     for r in results:
         budget = f"{r.budget_gb * BYTES_PER_GB / BYTES_PER_MB:.2f}" if r.budget_gb is not None else "-"
@@ -69,7 +69,7 @@ def format_results(results: Sequence[PolicyResult], total_blocks: int) -> str:
 
 def format_verdicts(rows: Sequence[BudgetVerdict]) -> str:
     """Per budget: the best fitting hand policy and AutoCheckpoint's time ratio against it."""
-    lines = [f"{'budgetBYTES_PER_MB':>10} {'auto_fits':>9} {'best_hand':>12} {'time_ratio':>10}  verdict"]
+    lines = [f"{'budget_MB':>10} {'auto_fits':>9} {'best_hand':>12} {'time_ratio':>10}  verdict"]
     for v in rows:
         ratio = f"{v.time_ratio:.3f}" if not math.isnan(v.time_ratio) else "-"
         verdict = "ok" if v.passed else ("OVER BUDGET" if not v.auto_fits else f"SLOWER (>{1 + NOISE:.2f})")
@@ -163,7 +163,7 @@ def format_header(setup: SweepSetup, rounds: int) -> str:
         f"# {device}; torch {machine['torch']}; {len(setup.candidates)} candidate blocks\n"
         f"# memory: 1 run per policy, peak of step {setup.warmup_steps + 1}; time: 1 run switching policy "
         f"every step, {rounds} round(s) x {setup.timed_steps} steps per policy, order rotating\n"
-        "# peakBYTES_PER_MB: measured peak of one whole training step (parameters, gradients, optimizer state, "
-        "activations); predBYTES_PER_MB: AutoCheckpoint's prediction; "
+        "# peak_MB: measured peak of one whole training step (parameters, gradients, optimizer state, "
+        "activations); pred_MB: AutoCheckpoint's prediction; "
         f"step_ms / min_ms: median / fastest timed step ({setup.clock} clock); loss: last step's training loss"
     )
