@@ -16,7 +16,14 @@ from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, remove_checkpointing
 from lightning_ckpt.lightning.checks import check_trainer, strategy_checkpointed
-from lightning_ckpt.lightning.planning import PlanBook, decide_plan, log_metrics, max_over_ranks, replanned
+from lightning_ckpt.lightning.planning import (
+    PlanBook,
+    any_rank,
+    decide_plan,
+    log_metrics,
+    max_over_ranks,
+    replanned,
+)
 from lightning_ckpt.lightning.profile import BatchShapes, batch_shapes, profile_in_fit
 from lightning_ckpt.plan import CheckpointPlan
 from lightning_ckpt.planner import BudgetTooSmallError
@@ -75,7 +82,6 @@ class AutoCheckpoint(Callback):
         self._shapes: BatchShapes | None = None  # the batch shapes whose plan is applied now
         self._plan_shapes: BatchShapes | None = None  # the same, kept after the fit for `plan`
         self._meter: track_peak_bytes | None = None
-        self._measure_next = False
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
 
     @property
@@ -118,9 +124,19 @@ class AutoCheckpoint(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         shapes = batch_shapes(batch)
+        # Planning and measuring are collective: every rank does them at the same step, or none does.
+        new_shapes, measure = any_rank(
+            trainer, shapes not in self._book.plans, self._wants_measure(trainer, shapes)
+        )
+        if new_shapes:
+            self._book.plans[shapes] = self._new_plan(trainer, pl_module, batch, batch_idx, shapes)
+            rank_zero_info(
+                f"AutoCheckpoint plan for batch shapes {_shapes_text(shapes)}:\n{self.plans[shapes]}"
+            )
+            self._shapes = None  # (re-)apply it below
         if shapes != self._shapes:
-            self._switch_plan(trainer, pl_module, batch, batch_idx, shapes)
-        if self._measure_next and self._steps_this_fit and trainer.global_step:
+            self._switch_plan(trainer, pl_module, shapes)
+        if measure:
             self._start_measuring(trainer)
 
     @override
@@ -170,27 +186,22 @@ class AutoCheckpoint(Callback):
 
     # -- the work, handed to plain functions -------------------------------------------------------------
 
-    def _switch_plan(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        shapes: BatchShapes,
-    ) -> None:
-        """Apply the plan for ``shapes``, planning it first (before the step runs) if it is new."""
-        plan = self._book.plans.get(shapes)
-        if plan is None:
-            plan = self._book.plans[shapes] = self._new_plan(trainer, pl_module, batch, batch_idx, shapes)
-            rank_zero_info(f"AutoCheckpoint plan for batch shapes {_shapes_text(shapes)}:\n{plan}")
-        elif self._shapes is not None or trainer.global_step:
+    def _switch_plan(self, trainer: pl.Trainer, pl_module: pl.LightningModule, shapes: BatchShapes) -> None:
+        """Apply the plan made for ``shapes``."""
+        plan = self._book.plans[shapes]
+        if self._shapes is not None:
             rank_zero_info(
-                f"AutoCheckpoint: the plan for batch shapes {_shapes_text(shapes)} ({len(plan.checkpointed)} checkpointed)"
+                f"AutoCheckpoint: batch shapes {_shapes_text(shapes)}: their plan ({len(plan.checkpointed)} checkpointed)"
             )
         self._apply(pl_module, plan)
         self._shapes = self._plan_shapes = shapes
-        self._measure_next = self.config.measure and plan.measured_peak_bytes is None
         log_metrics(trainer, plan)
+
+    def _wants_measure(self, trainer: pl.Trainer, shapes: BatchShapes) -> bool:
+        """Measure a plan's first step, except the first step of a fit (no gradients or optimizer state yet)."""
+        plan = self._book.plans.get(shapes)
+        unmeasured = plan is None or plan.measured_peak_bytes is None
+        return self.config.measure and unmeasured and self._steps_this_fit > 0 and trainer.global_step > 0
 
     def _new_plan(
         self,
@@ -247,8 +258,11 @@ class AutoCheckpoint(Callback):
             " re-planning once with the overshoot subtracted"
         )
         shapes, current = self._shapes, self.plan
-        profile = self._book.profiles.get(shapes) or self._profile(
-            trainer, pl_module, batch, batch_idx, shapes
+        (missing,) = any_rank(trainer, shapes not in self._book.profiles)  # e.g. after a resume
+        profile = (
+            self._profile(trainer, pl_module, batch, batch_idx, shapes)
+            if missing
+            else self._book.profiles[shapes]
         )
         try:
             plan = decide_plan(
@@ -262,11 +276,9 @@ class AutoCheckpoint(Callback):
             return
         self._book.plans[shapes] = plan = replanned(plan, self.budget_bytes, None)
         self._apply(pl_module, plan)
-        self._measure_next = self.config.measure
         rank_zero_info(f"AutoCheckpoint re-plan:\n{plan}")
 
     def _start_measuring(self, trainer: pl.Trainer) -> None:
-        self._measure_next = False
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self._meter = track_peak_bytes(
             trainer.strategy.root_device, model=trainer.lightning_module, optimizer=optimizer

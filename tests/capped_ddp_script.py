@@ -7,6 +7,9 @@ Usage:
     python tests/capped_ddp_script.py OUT_DIR capped BUDGET_BYTES
         Each rank trains inside ``memory_cap(BUDGET_BYTES, model=model)`` with ``budget_gb`` equal to the
         cap, then writes ``plan{rank}.json`` and ``flag{rank}.txt`` (``ok``, or ``oom`` and the error).
+    python tests/capped_ddp_script.py OUT_DIR uneven BUDGET_BYTES
+        The same, but the ranks see batches of different shapes at the same step (as with padding to each
+        batch's longest sequence): rank 0 sequences of 16, 16, 32, 32 tokens, rank 1 of 32 throughout.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from lightning_ckpt.testing import memory_cap  # noqa: E402
 STEPS, BATCH = 4, 4  # BATCH rows per rank and step
 
 
-def ddp_trainer(callback: AutoCheckpoint, max_steps: int) -> L.Trainer:
+def ddp_trainer(callback: AutoCheckpoint, max_steps: int, **kwargs) -> L.Trainer:
     return L.Trainer(
         accelerator="cpu",
         devices=2,
@@ -45,6 +48,7 @@ def ddp_trainer(callback: AutoCheckpoint, max_steps: int) -> L.Trainer:
         num_sanity_val_steps=0,
         limit_val_batches=0,
         deterministic=True,
+        **kwargs,
     )
 
 
@@ -62,21 +66,38 @@ def probe(out_dir: Path) -> None:
         (out_dir / "bounds.json").write_text(json.dumps(bounds))
 
 
-def capped(out_dir: Path, budget_bytes: int) -> None:
+class UnevenTokens(L.LightningDataModule):
+    """Rank 0: sequences of 16 tokens for two steps, then 32; rank 1: 32 from the start."""
+
+    def train_dataloader(self):
+        lengths = (16, 16, 32, 32) if self.trainer.global_rank == 0 else (32,) * STEPS
+        generator = torch.Generator().manual_seed(self.trainer.global_rank)
+        rows = []
+        for length in lengths:
+            tokens = torch.randint(0, 256, (BATCH, length + 1), generator=generator)
+            rows += [(row[:-1], row[1:]) for row in tokens]
+        return torch.utils.data.DataLoader(rows, batch_size=BATCH, shuffle=False)
+
+
+def capped(out_dir: Path, budget_bytes: int, uneven: bool = False) -> None:
     model = tiny_gpt()
     callback = AutoCheckpoint(budget_gb=budget_bytes / 1e9)
     L.seed_everything(0, verbose=False)
-    trainer = ddp_trainer(callback, max_steps=STEPS)
-    loader = token_loader(batch_size=BATCH, num_batches=2 * STEPS)
+    trainer = ddp_trainer(callback, max_steps=STEPS, use_distributed_sampler=not uneven)
+    loader = UnevenTokens() if uneven else token_loader(batch_size=BATCH, num_batches=2 * STEPS)
     try:
         with memory_cap(budget_bytes, model=model) as cap:
-            trainer.fit(model, train_dataloaders=loader)
+            if uneven:
+                trainer.fit(model, datamodule=loader)
+            else:
+                trainer.fit(model, train_dataloaders=loader)
     except torch.OutOfMemoryError as error:
         (out_dir / f"flag{trainer.global_rank}.txt").write_text(f"oom at step {trainer.global_step}: {error}")
         raise
     plan = callback.plan.to_dict()
     (out_dir / f"plan{trainer.global_rank}.json").write_text(json.dumps(plan, sort_keys=True))
     facts = {
+        "plans": len(callback.plans),
         "callback_budget_bytes": callback.budget_bytes,
         "global_step": trainer.global_step,
         "peak_bytes": cap.peak_bytes,
@@ -89,4 +110,4 @@ if __name__ == "__main__":
     if sys.argv[2] == "probe":
         probe(Path(sys.argv[1]))
     else:
-        capped(Path(sys.argv[1]), int(sys.argv[3]))
+        capped(Path(sys.argv[1]), int(sys.argv[3]), uneven=sys.argv[2] == "uneven")

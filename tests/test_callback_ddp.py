@@ -45,7 +45,8 @@ def _run_capped(out_dir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-def test_ddp_ranks_stay_within_a_device_of_exactly_the_budget(tmp_path):
+@pytest.mark.parametrize("mode", ["capped", "uneven"])
+def test_ddp_ranks_stay_within_a_device_of_exactly_the_budget(tmp_path, mode):
     """Each rank trains inside `memory_cap(budget)`: DDP's gradient buckets count, and no rank goes over."""
     probe = _run_capped(tmp_path, "probe")
     assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-3000:]
@@ -55,7 +56,7 @@ def test_ddp_ranks_stay_within_a_device_of_exactly_the_budget(tmp_path):
     while int(budget_bytes / 1e9 * 1e9) != budget_bytes:  # budget_gb must give back exactly the cap
         budget_bytes += 1
 
-    result = _run_capped(tmp_path, "capped", str(budget_bytes))
+    result = _run_capped(tmp_path, mode, str(budget_bytes))
     flags = {rank: (tmp_path / f"flag{rank}.txt") for rank in (0, 1)}
     report = {rank: flag.read_text() if flag.exists() else "no flag" for rank, flag in flags.items()}
     assert report == {0: "ok", 1: "ok"}, f"{report}, bounds {bounds}, cap {budget_bytes}\n" + (
@@ -69,4 +70,5 @@ def test_ddp_ranks_stay_within_a_device_of_exactly_the_budget(tmp_path):
     for rank in (0, 1):
         facts = json.loads((tmp_path / f"facts{rank}.json").read_text())
         assert facts["callback_budget_bytes"] == budget_bytes and facts["global_step"] == 4
+        assert facts["plans"] == (2 if mode == "uneven" and rank == 0 else 1)
         assert facts["peak_bytes"] > bounds["static"], "the cap saw the rank's training memory"

@@ -1,5 +1,5 @@
-"""Planning across ranks: rank 0 plans and broadcasts, so every rank applies the identical plan; the plans
-of a fit are kept per batch shape.
+"""Planning across ranks: one rank plans and broadcasts, so every rank applies the identical plan; the
+plans of a fit are kept per batch shape.
 """
 
 from __future__ import annotations
@@ -11,12 +11,21 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.core.memory.model import predict_peak_bytes
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.profile import BatchShapes
 from lightning_ckpt.plan import CheckpointPlan
 from lightning_ckpt.planner import BudgetTooSmallError, make_plan
 
-__all__ = ["PlanBook", "decide_plan", "log_metrics", "max_over_ranks", "replanned"]
+__all__ = [
+    "PlanBook",
+    "any_rank",
+    "decide_plan",
+    "heaviest_rank",
+    "log_metrics",
+    "max_over_ranks",
+    "replanned",
+]
 
 
 def decide_plan(
@@ -26,22 +35,44 @@ def decide_plan(
     shapes: BatchShapes,
     budget_bytes: int | None = None,
 ) -> CheckpointPlan:
-    """Plan on rank 0 and broadcast it; every rank fails the same way when planning fails.
+    """Plan on the rank with the heaviest step and broadcast it; every rank fails the same way.
+
+    Every rank passes the profile of its own batch. Ranks can see batches of different shapes at the same
+    step (padding to each batch's longest sequence, say); the plan is made for the heaviest one (the
+    largest peak with nothing checkpointed; ties go to the lowest rank), so it fits the lighter ones too.
 
     Raises:
         BudgetTooSmallError: naming the batch ``shapes`` and the smallest budget that works for them.
     """
     budget = config.budget_bytes if budget_bytes is None else budget_bytes
-    payload, failure = _plan_on_rank_zero(profile, budget, config) if trainer.is_global_zero else ({}, None)
-    payload = trainer.strategy.broadcast(payload, src=0)
+    src = heaviest_rank(trainer, predict_peak_bytes(profile, []))
+    payload, failure = _plan_locally(profile, budget, config) if trainer.global_rank == src else ({}, None)
+    payload = trainer.strategy.broadcast(payload, src=src)
     if "too_small" in payload:
         raise BudgetTooSmallError(*payload["too_small"], shapes=[shape for shape, _ in shapes])
     if "failure" in payload:
-        raise failure or RuntimeError(f"AutoCheckpoint: planning failed on rank 0: {payload['failure']}")
+        raise failure or RuntimeError(f"AutoCheckpoint: planning failed on rank {src}: {payload['failure']}")
     return CheckpointPlan.from_dict(payload["plan"])
 
 
-def _plan_on_rank_zero(
+def heaviest_rank(trainer: pl.Trainer, peak_bytes: int) -> int:
+    """The rank whose ``peak_bytes`` is the largest (the lowest such rank); 0 on one process."""
+    if trainer.world_size == 1:
+        return 0
+    tensor = torch.tensor([int(peak_bytes)], dtype=torch.int64, device=trainer.strategy.root_device)
+    peaks = trainer.strategy.all_gather(tensor).flatten().tolist()
+    return max(range(len(peaks)), key=lambda rank: (peaks[rank], -rank))
+
+
+def any_rank(trainer: pl.Trainer, *flags: bool) -> tuple[bool, ...]:
+    """Each flag, true if it is true on any rank (one small all-reduce when there are several processes)."""
+    if trainer.world_size == 1:
+        return tuple(bool(flag) for flag in flags)
+    tensor = torch.tensor([int(bool(flag)) for flag in flags], device=trainer.strategy.root_device)
+    return tuple(bool(value) for value in trainer.strategy.reduce(tensor, reduce_op="max").tolist())
+
+
+def _plan_locally(
     profile: StepProfile, budget_bytes: int, config: AutoCheckpointConfig
 ) -> tuple[dict, Exception | None]:
     """The plan as plain data for the broadcast, or what made planning fail."""
