@@ -38,6 +38,7 @@ __all__ = [
     "compiled_by_lightning",
     "composable_api_names",
     "convert_precision",
+    "default_foreach",
     "fsdp_policy_classes",
     "set_rng_states",
     "storage_key",
@@ -152,3 +153,11 @@ def reparametrize_module(module: torch.nn.Module, tensors: dict[str, torch.Tenso
     from torch.nn.utils.stateless import _reparametrize_module
 
     return _reparametrize_module(module, tensors)
+
+
+def default_foreach(params: list[torch.Tensor]) -> bool:
+    """Whether a torch optimizer left at ``foreach=None`` runs its foreach kernels on ``params``
+    (``torch.optim.optimizer._default_to_fused_or_foreach``, torch 2.4-2.13): on CUDA yes, on CPU no."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    return bool(_default_to_fused_or_foreach(list(params), differentiable=False, use_fused=False)[1])

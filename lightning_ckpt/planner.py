@@ -60,10 +60,6 @@ class BudgetTooSmallError(ValueError):
             " or sequence length."
         )
 
-    def for_shapes(self, shapes: Sequence[Sequence[int]]) -> BudgetTooSmallError:
-        """The same error, naming the batch shapes it is about."""
-        return BudgetTooSmallError(self.budget_bytes, self.minimum_bytes, self.num_candidates, shapes)
-
 
 def item_values(profile: StepProfile, cost: Cost) -> list[float]:
     """What keeping each candidate saves per step: recompute seconds, or forward flops."""

@@ -247,3 +247,45 @@ def test_a_shape_already_planned_is_neither_profiled_again_nor_allocates(monkeyp
     fast_trainer([callback], max_steps=6).fit(tiny_gpt(), train_dataloaders=loader((16, 32, 16, 32, 16, 32)))
     assert len(calls) == 2 and len(callback.plans) == 2
     assert allocated == [0, 0, 0, 0]
+
+
+class FloatBatchGPT(L.LightningModule):
+    """A model fed a large float batch that nothing saves for backward: the batch is on the device anyway."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = tiny_gpt(dropout=0.0)
+        self.scale = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch, batch_idx):
+        idx, targets, extra = batch
+        _, loss = self.gpt(idx, targets)
+        return loss + 0.0 * extra.sum()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["checkpointed block's own forward", "a large batch nothing saves"],
+)
+def test_the_exact_minimum_holds_where_an_additive_model_misses(case):
+    """Two moments the prediction once missed (found in review, each ran out at the exact minimum):
+    a checkpointed block's forward with big gradients alive, and batch tensors that are never saved."""
+    if case.startswith("checkpointed"):
+        make_model, batches = (
+            (lambda: tiny_gpt(n_layer=2, n_embd=128, dropout=0.0)),
+            loader((32,) * 6, batch_size=2),
+        )
+    else:
+        rows = [(t[:-1], t[1:], torch.randn(64, 512)) for t in torch.randint(0, 256, (24, 33))]
+        make_model, batches = FloatBatchGPT, DataLoader(rows, batch_size=4)
+    probe = AutoCheckpoint(budget_gb=1000, measure=False)
+    fast_trainer([probe], max_steps=1).fit(make_model(), train_dataloaders=batches)
+    budget = exact_budget(fixed_peak_bytes(probe.profile))
+    model = make_model()
+    with memory_cap(budget, model=model):
+        fast_trainer([AutoCheckpoint(budget_gb=budget / 1e9)], max_steps=5).fit(
+            model, train_dataloaders=batches
+        )

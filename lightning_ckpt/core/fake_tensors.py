@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lightning_ckpt._compat import FakeTensorMode, reparametrize_module, tree_map_only
+from lightning_ckpt._compat import FakeTensorMode, default_foreach, reparametrize_module, tree_map_only
 from lightning_ckpt.core.storage import LiveStorageTracker
 
 __all__ = ["FakeModel", "fake_model", "optimizer_step_extra_bytes"]
@@ -76,11 +77,14 @@ def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel) -> int:
         return 0
     try:
         twin = _twin_optimizer(optimizer, fake)
+        twin.step()  # once, to make all of its state: a real step after the first has all of it
         with LiveStorageTracker() as tracker:
             twin.step()
     except Exception as error:  # an optimizer whose constructor or step needs more than its param groups
-        log.info(
-            "optimizer step not measured on fake tensors (%s: %s); counted as 0", type(error).__name__, error
+        warnings.warn(
+            f"the step of {type(optimizer).__name__} could not run on fake tensors ({type(error).__name__}:"
+            f" {error}); its temporaries are not in the prediction",
+            stacklevel=2,
         )
         return 0
     return int(tracker.peak_bytes - tracker.live_bytes)
@@ -94,7 +98,10 @@ def _twin_optimizer(optimizer: torch.optim.Optimizer, fake: FakeModel) -> torch.
             raise ValueError("the optimizer holds tensors that are not the model's parameters")
         for param in params:
             param.grad = torch.zeros_like(param)
-        groups.append({**group, "params": params})
+        foreach = group.get("foreach")
+        if foreach is None and not group.get("fused"):  # what the real one picks (fake tensors never foreach)
+            foreach = default_foreach(group["params"])
+        groups.append({**group, "params": params, "foreach": foreach})
     twin = type(optimizer)(groups)
     for real, state in optimizer.state.items():
         twin.state[fake.twins[id(real)]] = {key: fake.fake(value) for key, value in state.items()}

@@ -76,7 +76,11 @@ class BackwardPhase:
     """Peak live bytes in this phase minus the saved bytes alive there (activation gradients and
     temporaries; parameter gradients that have landed are in ``grad_bytes``)."""
     forward: bool = False
-    """The forward and the loss, before ``backward()`` is called (``time`` is ``inf``)."""
+    """A point of the forward: the end of the forward and the loss (``time`` is ``inf``), or the peak
+    inside one call of ``candidate`` (``time``: the call's end)."""
+    if_checkpointed: bool = False
+    """A checkpointed ``candidate``'s own forward (``time``: the call's start): counted only when it is
+    checkpointed, with its inputs kept and its no-grad working set as the extra."""
     grad_bytes: int = 0
     """When gradients start from none: what the parameter gradients made so far add to the phase's peak
     (``extra_bytes + grad_bytes`` is the peak of everything beyond the saved bytes)."""
@@ -99,6 +103,8 @@ class StepProfile:
     phases: tuple[BackwardPhase, ...] = ()
     zero_grad: ZeroGrad = "after_forward"
     """When the training loop frees the last step's gradients: an input of the prediction."""
+    batch_bytes: int = 0
+    """The batch's tensors, on the device for the whole step."""
     after_backward_bytes: int = 0
     """What the step still holds once its backward is done (the loss, the loop's copy of it): alive
     through the optimizer step."""

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_ckpt._compat import FakeTensor
+from lightning_ckpt._compat import FakeTensor, tree_leaves
 from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
 from lightning_ckpt.core.memory.timeline import alive_bytes
@@ -39,7 +39,7 @@ from lightning_ckpt.core.profile_types import (
     SavedStorage,
     StepProfile,
 )
-from lightning_ckpt.core.recorder import Recorder, StepTracker
+from lightning_ckpt.core.recorder import Recorder, StepTracker, forward_working_sets
 from lightning_ckpt.core.storage import storage_key, storage_of, unique_storage_bytes
 from lightning_ckpt.core.wrapping import checkpointed_names
 
@@ -53,6 +53,7 @@ def profile_step(
     cost: Cost = "time",
     *,
     optimizer: Any = None,
+    batch: Any = None,
 ) -> StepProfile:
     """Run one forward+backward of ``model`` and measure, per candidate, memory saved and recompute cost.
 
@@ -62,6 +63,8 @@ def profile_step(
         candidates: qualified names of the candidate modules (see :func:`lightning_ckpt.find_candidates`).
         cost: ``"time"`` also times one more forward per step to get ``recompute_seconds`` (CUDA events
             on CUDA, ``perf_counter`` on CPU); ``"flops"`` skips it (required for fake tensors).
+        batch: the tensors ``step_fn`` feeds the model (any nesting): they stay on the device for the whole
+            step, so they count in every phase (``StepProfile.batch_bytes``), never as saved activations.
         optimizer: an optimizer instance, class or name, for the optimizer-state bytes (see
             :func:`lightning_ckpt.core.memory.model.estimate_optimizer_bytes`).
 
@@ -92,15 +95,22 @@ def profile_step(
     _refuse_checkpointed(model)
     with _no_grads(model):
         params = list(model.parameters())
-        recorder = Recorder(modules, _param_and_buffer_keys(model), FlopCounterMode(display=False), params)
+        excluded = _storage_keys([*params, *model.buffers(), *tree_leaves(batch)])
+        recorder = Recorder(modules, excluded, FlopCounterMode(display=False), params)
         with recorder.recording():
             loss = step_fn()
             recorder.tracker.enter_phase(_HEAD)
             _backward(loss)
             held_after_backward = recorder.tracker.live_bytes  # the loss (and copies) the loop still holds
+        working = forward_working_sets(modules, step_fn)
         seconds = _timed_forwards(modules, step_fn) if cost == "time" else dict.fromkeys(modules, 0.0)
     profile = _build_profile(model, recorder, seconds, optimizer)
-    return dataclasses.replace(profile, after_backward_bytes=int(held_after_backward))
+    return dataclasses.replace(
+        profile,
+        phases=profile.phases + _checkpointed_forwards(profile.storages, recorder.call_starts, working),
+        after_backward_bytes=int(held_after_backward),
+        batch_bytes=unique_storage_bytes(tree_leaves(batch)),
+    )
 
 
 def _refuse_checkpointed(model: nn.Module) -> None:
@@ -120,8 +130,7 @@ def _backward(loss: Any) -> None:
     loss.backward()
 
 
-def _param_and_buffer_keys(model: nn.Module) -> set[int]:
-    tensors = [*model.parameters(), *model.buffers()]
+def _storage_keys(tensors: Sequence[Any]) -> set[int]:
     return {storage_key(s) for s in map(storage_of, tensors) if s is not None}
 
 
@@ -258,6 +267,19 @@ def _build_profile(
 
 def _bytes_where(storages: tuple[SavedStorage, ...], keep: Callable[[SavedStorage], bool]) -> int:
     return sum(storage.nbytes for storage in storages if keep(storage))
+
+
+def _checkpointed_forwards(
+    storages: tuple[SavedStorage, ...], starts: list[tuple[int, str, int]], working: dict[str, int]
+) -> tuple[BackwardPhase, ...]:
+    """One phase per candidate call, counted only when the candidate is checkpointed: what is live when
+    the call starts (its inputs kept, nothing of it saved) plus its no-grad forward's working set."""
+    phases = []
+    for seq, name, live in starts:
+        saved = int(alive_bytes(storages, [seq], checkpointed={name})[0])
+        extra = live - saved + working[name]
+        phases.append(BackwardPhase(seq, name, extra, forward=True, if_checkpointed=True))
+    return tuple(phases)
 
 
 _HEAD = "head"  # the phase from the call of backward() to its first unpack of a saved tensor

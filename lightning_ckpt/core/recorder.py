@@ -69,8 +69,8 @@ class StepTracker(LiveStorageTracker):
         self._windows.append(self.live_bytes)
 
     def close_window(self) -> int:
-        """Peak bytes inside the window above what is live when it closes (>= 0)."""
-        return max(self._windows.pop() - self.live_bytes, 0)
+        """The peak live bytes since the window opened."""
+        return self._windows.pop()
 
     def _track(self, storage: Any, where: Any) -> None:
         super()._track(storage, where)
@@ -86,6 +86,38 @@ class StepTracker(LiveStorageTracker):
         with self._lock:
             self.grad_bytes -= self._grads.pop(key, 0)
         super()._release(key)
+
+
+def forward_working_sets(modules: dict[str, nn.Module], step_fn: Any) -> dict[str, int]:
+    """Per candidate, the most its forward allocates above what is live when it starts, in ``step_fn`` run
+    under ``torch.no_grad()``: what a checkpointed candidate's forward holds (it keeps nothing either)."""
+    tracker, starts = StepTracker(frozenset()), []
+    working = dict.fromkeys(modules, 0)
+    handles = []
+
+    def pre(name: str):
+        def hook(*_: Any) -> None:
+            starts.append(tracker.live_bytes)
+            tracker.open_window()
+
+        return hook
+
+    def post(name: str):
+        def hook(*_: Any) -> None:
+            working[name] = max(working[name], tracker.close_window() - starts.pop())
+
+        return hook
+
+    try:
+        for name, module in modules.items():
+            handles.append(module.register_forward_pre_hook(pre(name)))
+            handles.append(module.register_forward_hook(post(name), always_call=True))
+        with tracker, torch.no_grad():
+            step_fn()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return working
 
 
 class Recorder:
@@ -104,6 +136,7 @@ class Recorder:
         self.params = [p for p in params if p.requires_grad]
         self.tracker = StepTracker(cast_sources=frozenset(excluded))
         self.recompute_extra: dict[str, int] = dict.fromkeys(modules, 0)
+        self.call_starts: list[tuple[int, str, int]] = []  # (sequence, candidate, live bytes) at each call
         self.seq = 0
         self.stack: list[tuple[str, int, bool]] = []  # (candidate, flops at entry, autocast on)
         self.rows: list[StorageRow] = []
@@ -134,6 +167,7 @@ class Recorder:
                 if row is not None:
                     row.inputs.append((name, seq))
             self.stack.append((name, self.flop_counter.get_total_flops(), autocast_enabled()))
+            self.call_starts.append((seq, name, self.tracker.live_bytes))
             self.tracker.open_window()
 
         return hook
@@ -143,8 +177,9 @@ class Recorder:
             self._next()
             while self.stack:  # always_call: also runs when the forward raised
                 popped, flops_at_entry, _ = self.stack.pop()
-                transient = self.tracker.close_window()
+                peak = self.tracker.close_window()
                 if popped == name:
+                    transient = max(peak - self.tracker.live_bytes, 0)
                     self.recompute_extra[name] = max(self.recompute_extra[name], transient)
                     self.flops[name] += self.flop_counter.get_total_flops() - flops_at_entry
                     break

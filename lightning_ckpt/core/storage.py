@@ -86,7 +86,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self.phase: Hashable = None
         self.phase_peak_bytes: dict[Hashable, int] = {}
         self._tracked: dict[int, int] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a finalizer may run (garbage collection) while this thread holds it
 
     def __enter__(self) -> LiveStorageTracker:
         for storage in map(self._storage, self._existing):

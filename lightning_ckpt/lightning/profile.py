@@ -8,19 +8,20 @@
   needs less memory than any checkpointed step.
 - **Fallback**: a step that cannot run on fake tensors (a ``.item()`` or data-dependent branch in
   ``training_step`` or the model) and FSDP (whose sharded parameters have no full-size twin here) are
-  profiled on real tensors as one unchecked step, with a warning that this step is not held to the budget.
+  profiled on real tensors as one unchecked step, with a warning on every rank that does it: that step is
+  not held to the budget (the optimizer step is still measured on fake twins).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_ckpt._compat import collect_rng_states, set_rng_states, tree_leaves
 from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
@@ -84,13 +85,17 @@ def _fake_profile(
     plugin = trainer.precision_plugin
     try:
         with _rng_untouched(), fake_model(pl_module) as fake:
-            step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), pl_module, fake.fake(batch), 0)
-            profile = profile_step(pl_module, step_fn, candidates, cost="flops", optimizer=optimizer)
+            fake_batch = fake.fake(batch)
+            step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), pl_module, fake_batch, 0)
+            profile = profile_step(
+                pl_module, step_fn, candidates, "flops", optimizer=optimizer, batch=fake_batch
+            )
             optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)
     except Exception as error:  # data-dependent ops, .item(), kernels without a fake implementation
-        rank_zero_warn(
+        warnings.warn(  # on every rank: the ranks that fall back are the ones that may go over
             f"AutoCheckpoint: the training step does not run on fake tensors ({type(error).__name__}: {error});"
-            " profiling it on real tensors instead, so this one profiling step is not held to `budget_gb`"
+            " profiling it on real tensors instead, so this profiling step is not held to `budget_gb`",
+            stacklevel=2,
         )
         return None
     return dataclasses.replace(profile, optimizer_step_bytes=optimizer_bytes)
@@ -107,7 +112,10 @@ def _real_profile(
     step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
     with untouched_training_state(pl_module), no_gradient_sync(trainer):
-        return profile_step(pl_module, step_fn, candidates, cost=cost, optimizer=optimizer)
+        profile = profile_step(pl_module, step_fn, candidates, cost=cost, optimizer=optimizer, batch=batch)
+    with fake_model(pl_module) as fake:  # the optimizer step needs no step to run: measured on fake twins
+        optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)
+    return dataclasses.replace(profile, optimizer_step_bytes=optimizer_bytes)
 
 
 def _timed(

@@ -102,8 +102,9 @@ def profile_training_step(
     """
     plugin = precision_plugin(precision)
     candidates = find_candidates(model, targets)
-    step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), model, plugin.convert_input(batch), 0)
-    return profile_step(model, step_fn, candidates, cost="flops", optimizer=optimizer)
+    batch = plugin.convert_input(batch)
+    step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), model, batch, 0)
+    return profile_step(model, step_fn, candidates, cost="flops", optimizer=optimizer, batch=batch)
 
 
 @dataclass(frozen=True)

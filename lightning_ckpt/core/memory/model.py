@@ -53,11 +53,25 @@ def predict_peak_bytes(
     recompute = {m.name: m.recompute_extra_bytes for m in profile.modules if m.name in chosen}
     peak = grads + profile.after_backward_bytes + profile.optimizer_step_bytes  # the optimizer step
     for candidate in {phase.candidate for phase in profile.phases}:
-        phases = [phase for phase in profile.phases if phase.candidate == candidate]
+        phases = [p for p in profile.phases if p.candidate == candidate and not p.if_checkpointed]
+        if not phases:
+            continue
         held = alive_bytes(profile.storages, [phase.time for phase in phases], chosen - {candidate})
-        extra = np.array([p.extra_bytes + _last_step_held(p, profile, when) for p in phases], dtype=np.int64)
-        peak = max(peak, int((held + extra).max()) + recompute.get(candidate, 0))
-    return profile.static_bytes - grads + peak
+        recomputed = recompute.get(candidate, 0)  # only in the backward: its forward phase has it already
+        extra = np.array(
+            [
+                p.extra_bytes + _last_step_held(p, profile, when) + (0 if p.forward else recomputed)
+                for p in phases
+            ],
+            dtype=np.int64,
+        )
+        peak = max(peak, int((held + extra).max()))
+    own = [p for p in profile.phases if p.if_checkpointed and p.candidate in chosen]
+    if own:  # a checkpointed candidate's own forward: its inputs kept, its saves never made
+        held = alive_bytes(profile.storages, [phase.time for phase in own], chosen)
+        extra = np.array([p.extra_bytes + _last_step_held(p, profile, when) for p in own], dtype=np.int64)
+        peak = max(peak, int((held + extra).max()))
+    return profile.static_bytes - grads + profile.batch_bytes + peak
 
 
 def _last_step_held(phase: BackwardPhase, profile: StepProfile, when: ZeroGrad) -> int:
@@ -138,4 +152,4 @@ def _predict_from_totals(profile: StepProfile, chosen: frozenset[str]) -> int:
         else:
             held += module.activation_bytes
     step_bytes = held + profile.backward_extra_bytes + recompute
-    return profile.static_bytes + max(step_bytes, profile.optimizer_step_bytes)
+    return profile.static_bytes + profile.batch_bytes + max(step_bytes, profile.optimizer_step_bytes)
