@@ -7,6 +7,9 @@ Usage:
     python tests/capped_ddp_script.py OUT_DIR capped BUDGET_BYTES
         Each rank trains inside ``memory_cap(BUDGET_BYTES, model=model)`` with ``budget_gb`` equal to the
         cap, then writes ``plan{rank}.json`` and ``flag{rank}.txt`` (``ok``, or ``oom`` and the error).
+    python tests/capped_ddp_script.py OUT_DIR mixed BUDGET_BYTES
+        Rank 0 sees (1, 256) batches, rank 1 (5, 64) (batching by token count), vocabulary 2048: the rank
+        heaviest with nothing checkpointed is not the heaviest under its own plan.
     python tests/capped_ddp_script.py OUT_DIR uneven BUDGET_BYTES
         The same, but the ranks see batches of different shapes at the same step (as with padding to each
         batch's longest sequence): rank 0 sequences of 16, 16, 32, 32 tokens, rank 1 of 32 throughout.
@@ -79,15 +82,30 @@ class UnevenTokens(L.LightningDataModule):
         return torch.utils.data.DataLoader(rows, batch_size=BATCH, shuffle=False)
 
 
-def capped(out_dir: Path, budget_bytes: int, uneven: bool = False) -> None:
-    model = tiny_gpt()
+class MixedShapes(L.LightningDataModule):
+    """Rank 0: (1, 256) batches; rank 1: (5, 64); vocabulary 2048."""
+
+    def train_dataloader(self):
+        rank = self.trainer.global_rank
+        batch, length = (1, 256) if rank == 0 else (5, 64)
+        generator = torch.Generator().manual_seed(rank)
+        rows = []
+        for _ in range(STEPS):
+            tokens = torch.randint(0, 2048, (batch, length + 1), generator=generator)
+            rows.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+        return torch.utils.data.DataLoader(rows, batch_size=None)
+
+
+def capped(out_dir: Path, budget_bytes: int, uneven: bool = False, mixed: bool = False) -> None:
+    model = tiny_gpt(block_size=256, vocab_size=2048) if mixed else tiny_gpt()
     callback = AutoCheckpoint(budget_gb=budget_bytes / 1e9)
     L.seed_everything(0, verbose=False)
-    trainer = ddp_trainer(callback, max_steps=STEPS, use_distributed_sampler=not uneven)
+    trainer = ddp_trainer(callback, max_steps=STEPS, use_distributed_sampler=not (uneven or mixed))
     loader = UnevenTokens() if uneven else token_loader(batch_size=BATCH, num_batches=2 * STEPS)
+    loader = MixedShapes() if mixed else loader
     try:
         with memory_cap(budget_bytes, model=model) as cap:
-            if uneven:
+            if uneven or mixed:
                 trainer.fit(model, datamodule=loader)
             else:
                 trainer.fit(model, train_dataloaders=loader)
@@ -110,4 +128,6 @@ if __name__ == "__main__":
     if sys.argv[2] == "probe":
         probe(Path(sys.argv[1]))
     else:
-        capped(Path(sys.argv[1]), int(sys.argv[3]), uneven=sys.argv[2] == "uneven")
+        capped(
+            Path(sys.argv[1]), int(sys.argv[3]), uneven=sys.argv[2] == "uneven", mixed=sys.argv[2] == "mixed"
+        )

@@ -63,6 +63,7 @@ def test_ddp_ranks_stay_within_a_device_of_exactly_the_budget(tmp_path, mode):
         result.stdout[-3000:] + result.stderr[-3000:]
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _assert_one_plan_within_budget(tmp_path, budget_bytes)
     plans = [json.loads((tmp_path / f"plan{rank}.json").read_text()) for rank in (0, 1)]
     assert plans[0] == plans[1]
     assert plans[0]["checkpointed"], "a budget below the unchecked peak must checkpoint something"
@@ -72,3 +73,24 @@ def test_ddp_ranks_stay_within_a_device_of_exactly_the_budget(tmp_path, mode):
         assert facts["callback_budget_bytes"] == budget_bytes and facts["global_step"] == 4
         assert facts["plans"] == (2 if mode == "uneven" and rank == 0 else 1)
         assert facts["peak_bytes"] > bounds["static"], "the cap saw the rank's training memory"
+
+
+def _assert_one_plan_within_budget(out_dir: Path, budget_bytes: int) -> None:
+    plans = [json.loads((out_dir / f"plan{rank}.json").read_text()) for rank in (0, 1)]
+    assert plans[0]["checkpointed"] == plans[1]["checkpointed"]
+    assert plans[0]["predicted_peak_bytes"] <= budget_bytes
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_ddp_plan_fits_every_rank_not_only_the_heaviest_unchecked_one(tmp_path):
+    """Rank 0 at (1, 256) is heavier with nothing checkpointed; rank 1 at (5, 64), with its larger logits,
+    is heavier under rank 0's plan (it ran out at step 1 when only rank 0's batch was checked)."""
+    budget_bytes = 10_860_000
+    result = _run_capped(tmp_path, "mixed", str(budget_bytes))
+    report = {
+        rank: (tmp_path / f"flag{rank}.txt").read_text()
+        for rank in (0, 1)
+        if (tmp_path / f"flag{rank}.txt").exists()
+    }
+    assert report == {0: "ok", 1: "ok"}, f"{report}\n" + result.stdout[-3000:] + result.stderr[-3000:]
+    _assert_one_plan_within_budget(tmp_path, budget_bytes)

@@ -4,6 +4,7 @@ plans of a fit are kept per batch shape.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +12,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_ckpt.config import AutoCheckpointConfig
-from lightning_ckpt.core.memory.model import predict_peak_bytes
+from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.profile import BatchShapes
 from lightning_ckpt.plan import CheckpointPlan
@@ -35,18 +36,49 @@ def decide_plan(
     shapes: BatchShapes,
     budget_bytes: int | None = None,
 ) -> CheckpointPlan:
-    """Plan on the rank with the heaviest step and broadcast it; every rank fails the same way.
+    """One plan for every rank, checked against every rank's own batch; every rank fails the same way.
 
-    Every rank passes the profile of its own batch. Ranks can see batches of different shapes at the same
-    step (padding to each batch's longest sequence, say); the plan is made for the heaviest one (the
-    largest peak with nothing checkpointed; ties go to the lowest rank), so it fits the lighter ones too.
+    Every rank passes the profile of its own batch: ranks can see batches of different shapes at the same
+    step (padding to each batch's longest sequence, batching by token count). The rank with the heaviest
+    step (the largest peak with nothing checkpointed) plans and broadcasts. Each rank then predicts the
+    plan on its own batch; while one is over the budget, the rank most over plans again, checkpointing at
+    least what is checkpointed already (at most one round per rank, then every candidate).
 
     Raises:
-        BudgetTooSmallError: naming the batch ``shapes`` and the smallest budget that works for them.
+        BudgetTooSmallError: naming the batch ``shapes`` and the smallest budget that works for them
+            (the largest over the ranks).
     """
     budget = config.budget_bytes if budget_bytes is None else budget_bytes
     src = heaviest_rank(trainer, predict_peak_bytes(profile, []))
-    payload, failure = _plan_locally(profile, budget, config) if trainer.global_rank == src else ({}, None)
+    plan = _broadcast_plan(trainer, profile, config, shapes, budget, src, must=())
+    for _ in range(trainer.world_size):
+        excess = predict_peak_bytes(profile, plan.checkpointed) - budget
+        (over,) = any_rank(trainer, excess > 0)
+        if not over:
+            return plan
+        src = heaviest_rank(trainer, excess)
+        plan = _broadcast_plan(trainer, profile, config, shapes, budget, src, must=plan.checkpointed)
+    plan = _with_checkpointed(profile, plan, tuple(m.name for m in profile.modules))
+    (over,) = any_rank(trainer, predict_peak_bytes(profile, plan.checkpointed) > budget)
+    if not over:
+        return plan
+    minimum = max_over_ranks(trainer, fixed_peak_bytes(profile))
+    raise BudgetTooSmallError(budget, minimum, len(profile.modules), shapes=[shape for shape, _ in shapes])
+
+
+def _broadcast_plan(
+    trainer: pl.Trainer,
+    profile: StepProfile,
+    config: AutoCheckpointConfig,
+    shapes: BatchShapes,
+    budget_bytes: int,
+    src: int,
+    must: tuple[str, ...],
+) -> CheckpointPlan:
+    """Plan on rank ``src`` (checkpointing at least ``must``) and broadcast the plan."""
+    payload, failure = ({}, None)
+    if trainer.global_rank == src:
+        payload, failure = _plan_locally(profile, budget_bytes, config, must)
     payload = trainer.strategy.broadcast(payload, src=src)
     if "too_small" in payload:
         raise BudgetTooSmallError(*payload["too_small"], shapes=[shape for shape, _ in shapes])
@@ -73,16 +105,31 @@ def any_rank(trainer: pl.Trainer, *flags: bool) -> tuple[bool, ...]:
 
 
 def _plan_locally(
-    profile: StepProfile, budget_bytes: int, config: AutoCheckpointConfig
+    profile: StepProfile, budget_bytes: int, config: AutoCheckpointConfig, must: tuple[str, ...] = ()
 ) -> tuple[dict, Exception | None]:
     """The plan as plain data for the broadcast, or what made planning fail."""
     try:
-        plan = make_plan(profile, budget_bytes, config)
+        plan = _with_checkpointed(profile, make_plan(profile, budget_bytes, config), must)
     except BudgetTooSmallError as error:
         return {"too_small": (error.budget_bytes, error.minimum_bytes, error.num_candidates)}, error
     except Exception as error:
         return {"failure": repr(error)}, error
     return {"plan": plan.to_dict()}, None
+
+
+def _with_checkpointed(profile: StepProfile, plan: CheckpointPlan, must: tuple[str, ...]) -> CheckpointPlan:
+    """``plan`` with the candidates ``must`` checkpointed too (another rank needed them)."""
+    if set(must) <= set(plan.checkpointed):
+        return plan
+    chosen = set(plan.checkpointed) | set(must)
+    names = [m.name for m in profile.modules]
+    return dataclasses.replace(
+        plan,
+        checkpointed=tuple(n for n in names if n in chosen),
+        kept=tuple(n for n in names if n not in chosen),
+        predicted_peak_bytes=predict_peak_bytes(profile, chosen),
+        recompute_seconds=sum(m.recompute_seconds for m in profile.modules if m.name in chosen),
+    )
 
 
 def replanned(plan: CheckpointPlan, budget_bytes: int, measured_peak_bytes: int | None) -> CheckpointPlan:
