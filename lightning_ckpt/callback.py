@@ -23,6 +23,7 @@ from lightning_ckpt.lightning.planning import (
     log_metrics,
     max_over_ranks,
     replanned,
+    run_setting,
 )
 from lightning_ckpt.lightning.profile import BatchShapes, batch_shapes, profile_in_fit
 from lightning_ckpt.plan import CheckpointPlan
@@ -82,6 +83,8 @@ class AutoCheckpoint(Callback):
         self._shapes: BatchShapes | None = None  # the batch shapes whose plan is applied now
         self._plan_shapes: BatchShapes | None = None  # the same, kept after the fit for `plan`
         self._meter: track_peak_bytes | None = None
+        self._setting: dict[str, Any] | None = None  # what the plans depend on besides the batch shapes
+        self._loaded_setting: dict[str, Any] | None = None
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
 
     @property
@@ -115,6 +118,7 @@ class AutoCheckpoint(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
+            self._setting = run_setting(trainer, self.config)
             check_trainer(trainer, pl_module)
             if any(True for _ in pl_module.children()):  # models built in `configure_model` are checked later
                 find_candidates(pl_module, self.config.targets)  # no candidates: fail now, not at step 1
@@ -178,11 +182,22 @@ class AutoCheckpoint(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"budget_gb": self.budget_gb, **self._book.to_state(self._plan_shapes)}
+        state = self._book.to_state(self._plan_shapes)
+        return {"budget_gb": self.budget_gb, "setting": self._setting, **state}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._book, self._plan_shapes = PlanBook.from_state(state_dict)  # older checkpoints: planned anew
+        self._book, self._plan_shapes = PlanBook.from_state(state_dict)
+        self._loaded_setting = state_dict.get("setting")
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loaded, self._loaded_setting = self._loaded_setting, None
+        if self._book.plans and loaded != self._setting:  # another precision, strategy, ...: plan anew
+            rank_zero_info(
+                "AutoCheckpoint: the checkpoint's plans were made for another setting; planning anew"
+            )
+            self._book, self._plan_shapes = PlanBook(), None
 
     # -- the work, handed to plain functions -------------------------------------------------------------
 

@@ -289,3 +289,20 @@ def test_the_exact_minimum_holds_where_an_additive_model_misses(case):
         fast_trainer([AutoCheckpoint(budget_gb=budget / 1e9)], max_steps=5).fit(
             model, train_dataloaders=batches
         )
+
+
+def test_a_resume_with_another_setting_plans_anew(tmp_path):
+    """Plans saved under one setting (no accumulation) are not reused under another (accumulation)."""
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    first = AutoCheckpoint(budget_gb=1000, measure=False)
+    fast_trainer([first, saver], max_steps=2, enable_checkpointing=True).fit(
+        tiny_gpt(), train_dataloaders=loader((32,) * 4)
+    )
+    ckpt = next(tmp_path.glob("*step=2.ckpt"))
+    same, other = AutoCheckpoint(budget_gb=1000, measure=False), AutoCheckpoint(budget_gb=1000, measure=False)
+    fast_trainer([same], max_steps=3).fit(tiny_gpt(), train_dataloaders=loader((32,) * 4), ckpt_path=ckpt)
+    fast_trainer([other], max_steps=3, accumulate_grad_batches=2).fit(
+        tiny_gpt(), train_dataloaders=loader((32,) * 8), ckpt_path=ckpt
+    )
+    assert same.profile is None, "the same setting re-applies the saved plan without profiling"
+    assert other.profile is not None and other.profile.zero_grad == "never", "another setting plans anew"

@@ -19,6 +19,7 @@ from lightning_ckpt.plan import CheckpointPlan
 from lightning_ckpt.planner import BudgetTooSmallError, make_plan
 
 __all__ = [
+    "run_setting",
     "PlanBook",
     "any_rank",
     "decide_plan",
@@ -130,6 +131,17 @@ def _with_checkpointed(profile: StepProfile, plan: CheckpointPlan, must: tuple[s
         predicted_peak_bytes=predict_peak_bytes(profile, chosen),
         recompute_seconds=sum(m.recompute_seconds for m in profile.modules if m.name in chosen),
     )
+
+
+def run_setting(trainer: pl.Trainer, config: AutoCheckpointConfig) -> dict[str, Any]:
+    """What a saved plan depends on besides the batch shapes: a resumed run with another one plans anew."""
+    return {
+        "config": {key: value for key, value in dataclasses.asdict(config).items() if key != "measure"},
+        "precision": str(trainer.precision),
+        "strategy": type(trainer.strategy).__name__,
+        "world_size": int(trainer.world_size),
+        "accumulate_grad_batches": int(trainer.accumulate_grad_batches),
+    }
 
 
 def replanned(plan: CheckpointPlan, budget_bytes: int, measured_peak_bytes: int | None) -> CheckpointPlan:
