@@ -41,7 +41,8 @@ class AutoCheckpoint(Callback):
     (a longer sequence, a larger batch, the first batch after a resume), it profiles every candidate module
     (activation memory kept for backward on fake tensors, recompute time from forwards that keep nothing),
     solves the keep-or-checkpoint choice exactly as a 0/1 knapsack, wraps the chosen modules with
-    non-reentrant ``torch.utils.checkpoint``, and trains on; nothing of that goes over the budget. Plans are
+    non-reentrant checkpointing, and trains on; nothing of that goes over the budget (except a step that
+    cannot run on fake tensors, and FSDP: then that one profiling step runs unchecked, with a warning). Plans are
     kept per batch shape, so a shape seen before costs nothing. After the first step with a new plan it
     measures the real peak and, if it is over the budget, re-plans once with the overshoot subtracted.
 
