@@ -306,3 +306,26 @@ def test_a_resume_with_another_setting_plans_anew(tmp_path):
     )
     assert same.profile is None, "the same setting re-applies the saved plan without profiling"
     assert other.profile is not None and other.profile.zero_grad == "never", "another setting plans anew"
+
+
+class ItemInStepGPT(L.LightningModule):
+    """A training step that reads a tensor's value (``.item()``): it cannot run on fake tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = tiny_gpt(dropout=0.0)
+
+    def training_step(self, batch, batch_idx):
+        _, loss = self.gpt(*batch)
+        return loss * (1.0 if loss.item() > 0 else 0.0)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def test_a_step_that_cannot_run_on_fake_tensors_falls_back_with_a_warning_and_still_plans_the_optimizer():
+    callback = AutoCheckpoint(budget_gb=1000, measure=False)
+    with pytest.warns(UserWarning, match="does not run on fake tensors.*not held to `budget_gb`"):
+        fast_trainer([callback], max_steps=2).fit(ItemInStepGPT(), train_dataloaders=loader((32,) * 2))
+    assert callback.profile.optimizer_step_bytes > 0, "the optimizer step is still measured on fake twins"
+    assert callback.profile.batch_bytes == 2 * BATCH * 32 * 8

@@ -71,7 +71,7 @@ def profile_in_fit(
         )
         if profile is None:
             return _with_strategy_memory(
-                _real_profile(trainer, pl_module, batch, batch_idx, candidates, cost), trainer
+                _real_profile(trainer, pl_module, batch, batch_idx, candidates, cost, optimizer), trainer
             )
         if cost == "time":
             profile = _with_seconds(profile, _timed(trainer, pl_module, batch, batch_idx, candidates))
@@ -108,9 +108,9 @@ def _real_profile(
     batch_idx: int,
     candidates: Sequence[str],
     cost: Cost,
+    optimizer: Any,
 ) -> StepProfile:
     step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
-    optimizer = trainer.optimizers[0] if trainer.optimizers else None
     with untouched_training_state(pl_module), no_gradient_sync(trainer):
         profile = profile_step(pl_module, step_fn, candidates, cost=cost, optimizer=optimizer, batch=batch)
     with fake_model(pl_module) as fake:  # the optimizer step needs no step to run: measured on fake twins
