@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -15,7 +16,13 @@ from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, remove_checkpointing
-from lightning_ckpt.lightning.checks import check_trainer, strategy_checkpointed
+from lightning_ckpt.lightning.checks import (
+    check_single,
+    check_trainer,
+    explain_recompute_error,
+    strategy_checkpointed,
+    take_over_model,
+)
 from lightning_ckpt.lightning.planning import (
     PlanBook,
     any_rank,
@@ -87,6 +94,7 @@ class AutoCheckpoint(Callback):
         self._setting: dict[str, Any] | None = None  # what the plans depend on besides the batch shapes
         self._loaded_setting: dict[str, Any] | None = None
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
+        self._model_settings = contextlib.ExitStack()  # undoes what `take_over_model` changed
 
     @property
     def budget_gb(self) -> float:
@@ -121,6 +129,7 @@ class AutoCheckpoint(Callback):
         if stage == "fit":
             self._setting = run_setting(trainer, self.config)
             check_trainer(trainer, pl_module)
+            check_single(trainer, self)
             if any(True for _ in pl_module.children()):  # models built in `configure_model` are checked later
                 find_candidates(pl_module, self.config.targets)  # no candidates: fail now, not at step 1
 
@@ -170,6 +179,7 @@ class AutoCheckpoint(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        explain_recompute_error(exception)
         self.teardown(trainer, pl_module, "fit")  # Lightning runs no teardown after an exception
 
     @override
@@ -179,6 +189,8 @@ class AutoCheckpoint(Callback):
         if stage == "fit" and self._shapes is not None:
             remove_checkpointing(pl_module)
             self._shapes = None
+        if stage == "fit":
+            self._model_settings.close()  # the model's own checkpointing and KV cache as they were
         self._steps_this_fit = 0
 
     @override
@@ -193,6 +205,7 @@ class AutoCheckpoint(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._model_settings = take_over_model(pl_module)
         loaded, self._loaded_setting = self._loaded_setting, None
         if self._book.plans and loaded != self._setting:  # another precision, strategy, ...: plan anew
             rank_zero_info(
