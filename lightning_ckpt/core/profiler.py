@@ -101,7 +101,7 @@ def profile_step(
         recorder = Recorder(modules, excluded, FlopCounterMode(display=False), params)
         with recorder.recording():
             loss = step_fn()
-            recorder.in_backward = True
+            recorder.start_backward()
             recorder.tracker.enter_phase(_HEAD)
             _backward(loss)
             held_after_backward = recorder.tracker.live_bytes  # the loss (and copies) the loop still holds

@@ -141,9 +141,16 @@ class Recorder:
         self.stack: list[tuple[str, int, bool]] = []  # (candidate, flops at entry, autocast on)
         self.rows: list[StorageRow] = []
         self.flops: dict[str, int] = dict.fromkeys(modules, 0)
-        self.in_backward = False  # set by the caller when the forward has returned the loss
+        self.in_backward = False  # set by `start_backward` when the forward has returned the loss
+        self._counting_flops = contextlib.ExitStack()
         self.recomputed: set[str] = set()  # candidates called again in the backward (checkpointed already)
         self._live_rows: dict[int, StorageRow] = {}
+
+    def start_backward(self) -> None:
+        """The forward has returned the loss: stop counting flops (the flop counter's module tracker would
+        keep a recomputation's tensors alive to the end of the backward) and recording forward calls."""
+        self.in_backward = True
+        self._counting_flops.close()
 
     def _next(self) -> int:
         self.seq += 1
@@ -225,10 +232,11 @@ class Recorder:
                     module.register_forward_hook(self._post_hook(name), with_kwargs=True, always_call=True)
                 )
             with (
-                self.flop_counter,
                 self.tracker,
                 torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
+                self._counting_flops,
             ):
+                self._counting_flops.enter_context(self.flop_counter)
                 yield self
         finally:
             for handle in handles:

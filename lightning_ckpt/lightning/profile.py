@@ -25,6 +25,7 @@ import torch
 
 from lightning_ckpt._compat import collect_rng_states, set_rng_states, tree_leaves
 from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
+from lightning_ckpt.core.hf_models import unpacked_positions_on_fake_tensors
 from lightning_ckpt.core.memory.static import ModelSizes, ddp_static
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.core.profiler import profile_step, time_forwards
@@ -84,7 +85,7 @@ def _fake_profile(
     """The memory profile on fake tensors, or None (with a warning) when the step cannot run on them."""
     plugin = trainer.precision_plugin
     try:
-        with _rng_untouched(), fake_model(pl_module) as fake:
+        with _rng_untouched(), fake_model(pl_module) as fake, unpacked_positions_on_fake_tensors(batch):
             fake_batch = fake.fake(batch)
             step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), pl_module, fake_batch, 0)
             profile = profile_step(
