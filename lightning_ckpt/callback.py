@@ -49,7 +49,8 @@ class AutoCheckpoint(Callback):
     (activation memory kept for backward on fake tensors, recompute time from forwards that keep nothing),
     solves the keep-or-checkpoint choice exactly as a 0/1 knapsack, wraps the chosen modules with
     non-reentrant checkpointing, and trains on; nothing of that goes over the budget (except a step that
-    cannot run on fake tensors, and FSDP: then that one profiling step runs unchecked, with a warning). Plans are
+    cannot run on fake tensors, or an FSDP module that cannot be rebuilt from its saved hyperparameters: then
+    that one profiling step runs unchecked, with a warning). Plans are
     kept per batch shape, so a shape seen before costs nothing. After the first step with a new plan it
     measures the real peak and, if it is over the budget, re-plans once with the overshoot subtracted.
 
