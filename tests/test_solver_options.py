@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import socket
 
 import numpy as np
 import pytest
 
 from lightning_ckpt.solver import SolverOptions, parallel, solve_knapsack
+from lightning_ckpt.solver import workers as solver_workers
 from lightning_ckpt.solver.hirschberg import Task
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
 
@@ -81,20 +83,25 @@ def test_solve_knapsack_rejects_options_of_another_type():
 
 
 def test_worker_handler_keeps_the_grouping_it_was_sent():
-    """What a worker process does with an ``attach``, a task and a ``detach``, run here."""
+    """What a worker process does with an ``attach`` (its descriptor over a socket), a task and
+    a ``detach``, run here."""
     weights, values = np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5])
     arena = parallel.SharedArena(16)
     options = SolverOptions(group_window=3, group_items=2, tile=1)
-    state: dict = {}
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    state: dict = {"fd_socket": theirs}
     try:
-        parallel._handle(("attach", arena.shm.name, 16, weights, values, options), state)
+        socket.send_fds(ours, [b"f"], [arena.fd])
+        solver_workers._handle(("attach", 16, weights, values, options), state)
         assert state["grouping"] == (3, 2, 1)
-        assert parallel._handle(("task", Task("profile", 0, 3, 5, 0)), state) is None
+        assert solver_workers._handle(("task", Task("profile", 0, 3, 5, 0)), state) is None
         assert arena.array[:6].tolist() == [0.0, 0.0, 3.0, 4.0, 5.5, 7.0]
-        parallel._handle(("detach",), state)
-        assert state == {}
+        solver_workers._handle(("detach",), state)
+        assert state == {"fd_socket": theirs}
     finally:
         arena.close()
+        ours.close()
+        theirs.close()
 
 
 @pytest.mark.parametrize("method", ["auto", "hirschberg"])
