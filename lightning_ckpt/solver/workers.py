@@ -152,10 +152,16 @@ def live_worker_pids() -> list[int]:
 
 
 def _reset_locked() -> None:
-    while _POOL:
-        worker = _POOL.pop()
+    for worker in _POOL:
         worker.kill()
+    _stop_all_locked()
+
+
+def _stop_all_locked() -> None:
+    """Stop and reap the workers, then forget them (so no live pid is ever unlisted)."""
+    for worker in _POOL:
         worker.stop()
+    _POOL.clear()
 
 
 @atexit.register
@@ -163,15 +169,13 @@ def shutdown_workers() -> None:
     """Stop every worker process (also run at interpreter exit and when the pool is idle)."""
     with _POOL_LOCK:
         _cancel_timer()
-        while _POOL:
-            _POOL.pop().stop()
+        _stop_all_locked()
 
 
 def _release_if_idle() -> None:
     if _POOL_LOCK.acquire(blocking=False):  # a solve holding the pool re-arms the timer itself
         try:
-            while _POOL:
-                _POOL.pop().stop()
+            _stop_all_locked()
         finally:
             _POOL_LOCK.release()
 

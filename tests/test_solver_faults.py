@@ -1,0 +1,154 @@
+"""The solver under faults: Ctrl-C of the process or of its group, a killed worker, SIGKILL of
+the whole group, no room for shared memory, more workers than CPUs, an idle pool.
+
+Signals go to subprocesses (``solver_fault_script.py``, each in a session of its own), never to
+the pytest process.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_ckpt.solver import SolverOptions, parallel, solve_knapsack
+from lightning_ckpt.solver import workers as solver_workers
+
+SCRIPT = Path(__file__).resolve().parent / "solver_fault_script.py"
+EAGER = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=0)
+KERNEL_RUNNING_S = 0.7  # after "ready": the long solve is deep in its kernels by then
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="Linux-only fault handling")
+
+
+def _start(workers: int) -> tuple[subprocess.Popen, list[int]]:
+    child = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(workers)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: killpg cannot reach pytest
+    )
+    words = child.stdout.readline().split()
+    assert words[:1] == ["ready"], words
+    time.sleep(KERNEL_RUNNING_S)
+    return child, [int(pid) for pid in words[1:]]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0]
+    except FileNotFoundError:
+        return True
+    return state in "ZX"  # a zombie waiting for init to reap it runs nothing
+
+
+@pytest.mark.parametrize(
+    ("workers", "to_group"),
+    [(2, False), (2, True), (1, False)],
+    ids=["process-workers2", "group-workers2", "process-workers1"],
+)
+def test_ctrl_c_stops_the_solve_within_a_second_and_later_solves_are_exact(workers, to_group):
+    child, _ = _start(workers)
+    try:
+        sent = time.monotonic()
+        if to_group:
+            os.killpg(child.pid, signal.SIGINT)  # the workers see it too, and ignore it
+        else:
+            os.kill(child.pid, signal.SIGINT)
+        assert child.stdout.readline().strip() == "interrupted"
+        seconds_to_interrupt = time.monotonic() - sent
+        assert child.stdout.readline().strip() == "exact"  # fresh workers: no stale pid, no stale answer
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+    assert seconds_to_interrupt < 1.0
+
+
+def _shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_sigkill_of_the_group_leaves_nothing_in_dev_shm():
+    before = _shm_names()
+    child, worker_pids = _start(2)
+    during = _shm_names()
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in worker_pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker_pids and all(_gone(pid) for pid in worker_pids)
+    assert during == before and _shm_names() == before
+
+
+def _instance(seed: int = 3) -> tuple[np.ndarray, np.ndarray, int]:
+    rng = np.random.default_rng(seed)
+    weights = rng.integers(1, 300, 80)
+    return weights, weights * rng.uniform(0.9, 1.1, 80), 4_000
+
+
+def test_a_killed_worker_raises_a_clear_error_and_the_next_solve_starts_fresh(monkeypatch):
+    weights, values, capacity = _instance()
+    reference = solve_knapsack(weights, values, capacity)
+    solve_knapsack(weights, values, capacity, workers=2, options=EAGER)  # the pool is up
+    victim = solver_workers.live_worker_pids()[0]
+    real_run = parallel.PoolExecutor.run
+
+    def run_after_a_kill(self, tasks):
+        if not _gone(victim):
+            os.kill(victim, signal.SIGKILL)
+            while not _gone(victim) and solver_workers._POOL[0].proc.poll() is None:
+                time.sleep(0.01)
+        return real_run(self, tasks)
+
+    monkeypatch.setattr(parallel.PoolExecutor, "run", run_after_a_kill)
+    with pytest.raises(
+        RuntimeError, match=r"worker process \(pid \d+\) exited with code -9; its pool was reset"
+    ):
+        solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
+    assert solver_workers.live_worker_pids() == []
+    result = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
+    assert result == reference and result.stats.workers_used == 2
+    assert victim not in solver_workers.live_worker_pids()
+
+
+def test_no_room_for_shared_memory_solves_in_one_process_with_one_warning(monkeypatch):
+    def no_room(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    weights, values, capacity = _instance()
+    with pytest.warns(
+        RuntimeWarning, match=r"no room for the knapsack solver's .* GiB of shared memory"
+    ) as caught:
+        result = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
+    assert len(caught) == 1
+    assert result == solve_knapsack(weights, values, capacity) and result.stats.workers_used == 1
+
+
+def test_workers_are_capped_at_the_usable_cpus(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    weights, values, capacity = _instance()
+    with pytest.warns(
+        RuntimeWarning, match=r"`workers=64` is more than the 1 CPUs this process may use; using 1"
+    ):
+        result = solve_knapsack(weights, values, capacity, workers=64, options=EAGER)
+    assert result.stats.workers_used == 1 and result == solve_knapsack(weights, values, capacity)
+
+
+def test_an_idle_pool_is_released(monkeypatch):
+    monkeypatch.setattr(solver_workers, "IDLE_RELEASE_S", 0.1)
+    weights, values, capacity = _instance()
+    solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
+    pids = solver_workers.live_worker_pids()
+    deadline = time.monotonic() + 10
+    while solver_workers.live_worker_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pids and solver_workers.live_worker_pids() == [] and all(_gone(pid) for pid in pids)
