@@ -25,6 +25,7 @@ def test_defaults_are_the_measured_values():
         "group_window": 1 << 19,
         "group_items": 8,
         "tile": 2048,
+        "ilp_time_limit_s": 60.0,
     }
     assert SolverOptions() == DEFAULT_OPTIONS and DEFAULT_OPTIONS.grouping == (1 << 19, 8, 2048)
 
@@ -65,6 +66,15 @@ def test_options_are_frozen_normalized_and_picklable():
         (
             {"checkpoint_share": float("inf")},
             r"`SolverOptions.checkpoint_share` must be a finite number >= 0, got inf",
+        ),
+        ({"ilp_time_limit_s": 0}, r"`SolverOptions.ilp_time_limit_s` must be a finite number > 0, got 0"),
+        (
+            {"ilp_time_limit_s": float("inf")},
+            r"`SolverOptions.ilp_time_limit_s` must be a finite number > 0, got inf",
+        ),
+        (
+            {"group_items": np.bool_(True)},
+            r"`SolverOptions.group_items` must be an integer in \[1, 1024\], got np.True_",
         ),
         (
             {"checkpoint_share": None},

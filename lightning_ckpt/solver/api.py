@@ -116,6 +116,10 @@ def solve_knapsack(
         MemoryError: when the needed memory exceeds what is available (or, for ``"dp"``,
             ``options.dp_table_limit_bytes``).
         ImportError: for ``"ilp"`` without scipy.
+        TimeoutError: for ``"ilp"`` when it proves no optimum within ``options.ilp_time_limit_s``.
+        KeyboardInterrupt: at once on Ctrl-C, also during a long solve (its worker processes
+            are then stopped; later solves start fresh ones).
+        RuntimeError: when a worker process dies during the solve (the next solve starts fresh).
 
     Example:
         >>> result = solve_knapsack([2, 3, 4], [3.0, 4.0, 5.5], 5, method="hirschberg")
@@ -135,9 +139,10 @@ def solve_knapsack(
         chosen, stats = _solve_exact(weight_array, value_array, capacity, stats, workers, options)
     elif method == "dp":
         chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)
+    elif method == "ilp":
+        chosen = baselines.ilp(weight_array, value_array, capacity, options.ilp_time_limit_s)
     else:
-        solver = baselines.greedy if method == "greedy" else baselines.ilp
-        chosen = solver(weight_array, value_array, capacity)
+        chosen = baselines.greedy(weight_array, value_array, capacity)
     result = _result(weight_array, value_array, chosen, stats)
     if result.weight > capacity:  # a last guard: no method may ever answer over the capacity
         raise AssertionError(f"solver {method!r} chose weight {result.weight} over capacity {capacity}")
@@ -172,7 +177,8 @@ def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.nd
     """
     n, cap = len(core.weights), core.capacity
     floats = hirschberg.arena_size(cap, n, options)
-    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})")
+    advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
+    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})", advice)
     stop = interrupt.new_stop_flag()
     if workers > 1 and n * (cap + 1) >= options.parallel_min_solve_cells:
         shared = interrupt.run_interruptibly(
