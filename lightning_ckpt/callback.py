@@ -66,7 +66,7 @@ class AutoCheckpoint(Callback):
         >>> AutoCheckpoint(budget_gb=-1)
         Traceback (most recent call last):
         ...
-        ValueError: `budget_gb` must be a positive finite number of GB, got -1
+        ValueError: `budget_gb` must be a positive finite number of GB up to 1e+09, got -1
     """
 
     def __init__(

@@ -24,7 +24,7 @@ GB = 1e9
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"budget_gb": -1}, r"`budget_gb` must be a positive finite number of GB, got -1"),
+        ({"budget_gb": -1}, r"`budget_gb` must be a positive finite number of GB up to 1e\+09, got -1"),
         ({"budget_gb": 0}, r"`budget_gb` must be .* got 0"),
         ({"budget_gb": math.nan}, r"`budget_gb` must be .* got nan"),
         ({"budget_gb": math.inf}, r"`budget_gb` must be .* got inf"),
