@@ -1,6 +1,6 @@
 """Run by tests/test_solver_faults.py: a long solve for the test to interrupt or kill.
 
-Usage: python tests/solver_fault_script.py WORKERS. Prints ``ready PID...`` (the worker
+Usage: python tests/solver_fault_script.py WORKERS, or ``ilp`` for a long ``method="ilp"`` solve. Prints ``ready PID...`` (the worker
 processes' ids) just before a solve of several seconds, then, if that solve is interrupted,
 ``interrupted``, and ``exact`` once three later solves on ``WORKERS`` processes have matched
 the one-process answer (and ``stale PID...`` if a worker from before the interrupt survived).
@@ -28,6 +28,8 @@ def instance(n_items: int, capacity: int, seed: int) -> tuple[np.ndarray, np.nda
 
 
 def main() -> None:
+    if sys.argv[1] == "ilp":
+        return ilp()
     workers = int(sys.argv[1])
     small = instance(300, 30_000, seed=1)
     reference = solve_knapsack(*small)
@@ -46,6 +48,25 @@ def main() -> None:
             return
     stale = set(before) & set(solver_workers.live_worker_pids())
     print("exact" if not stale else f"stale {sorted(stale)}", flush=True)
+
+
+def ilp() -> None:
+    """A MILP that takes far longer than the test waits (scipy's HiGHS, stopped only by its limit)."""
+    weights, values, capacity = instance(300, 10_000_000, seed=3)
+    weights = weights + 100_000
+    values = weights + np.random.default_rng(4).uniform(0, 1000, 300)  # near-equal ratios: hard
+    print("ready", flush=True)
+    try:
+        solve_knapsack(weights, values, capacity, method="ilp", options=SolverOptions(ilp_time_limit_s=30))
+        print("finished", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    except TimeoutError:
+        print("timed out", flush=True)
+    print(
+        "exact" if solve_knapsack([2, 3], [3.0, 4.0], 4, method="ilp").chosen == (1,) else "inexact",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -28,9 +28,10 @@ KERNEL_RUNNING_S = 0.7  # after "ready": the long solve is deep in its kernels b
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="Linux-only fault handling")
 
 
-def _start(workers: int) -> tuple[subprocess.Popen, list[int]]:
+def _start(workers: int | str, kernel: str = "numba") -> tuple[subprocess.Popen, list[int]]:
     child = subprocess.Popen(
         [sys.executable, str(SCRIPT), str(workers)],
+        env=os.environ | {"LIGHTNING_CKPT_NO_NUMBA": "1" if kernel == "numpy" else "0"},
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group: killpg cannot reach pytest
@@ -50,12 +51,18 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("workers", "to_group"),
-    [(2, False), (2, True), (1, False)],
-    ids=["process-workers2", "group-workers2", "process-workers1"],
+    ("workers", "to_group", "kernel"),
+    [
+        (2, False, "numba"),
+        (2, True, "numba"),
+        (1, False, "numba"),
+        (1, False, "numpy"),
+        ("ilp", False, "numba"),
+    ],
+    ids=["process-workers2", "group-workers2", "process-workers1", "process-workers1-numpy", "process-ilp"],
 )
-def test_ctrl_c_stops_the_solve_within_a_second_and_later_solves_are_exact(workers, to_group):
-    child, _ = _start(workers)
+def test_ctrl_c_stops_the_solve_within_a_second_and_later_solves_are_exact(workers, to_group, kernel):
+    child, _ = _start(workers, kernel)
     try:
         sent = time.monotonic()
         if to_group:

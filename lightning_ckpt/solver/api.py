@@ -140,7 +140,8 @@ def solve_knapsack(
     elif method == "dp":
         chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)
     elif method == "ilp":
-        chosen = baselines.ilp(weight_array, value_array, capacity, options.ilp_time_limit_s)
+        ilp = lambda: baselines.ilp(weight_array, value_array, capacity, options.ilp_time_limit_s)  # noqa: E731
+        chosen = interrupt.run_interruptibly(ilp, None)
     else:
         chosen = baselines.greedy(weight_array, value_array, capacity)
     result = _result(weight_array, value_array, chosen, stats)

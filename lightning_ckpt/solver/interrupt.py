@@ -31,8 +31,12 @@ JOIN_POLL_S = 0.05
 T = TypeVar("T")
 
 
-def run_interruptibly(work: Callable[[], T], stop: np.ndarray) -> T:
+def run_interruptibly(work: Callable[[], T], stop: np.ndarray | None) -> T:
     """Return ``work()``, computed in a helper thread that polls ``stop``.
+
+    With ``stop=None`` (work that cannot be stopped, such as scipy's MILP, which releases the GIL
+    and ends at its own time limit) an interrupt is re-raised at once, without waiting for the
+    helper thread: it finishes in the background and its result is dropped.
 
     Raises:
         BaseException: whatever ``work`` raised, or what interrupted the wait (after the
@@ -52,9 +56,10 @@ def run_interruptibly(work: Callable[[], T], stop: np.ndarray) -> T:
         while helper.is_alive():
             helper.join(JOIN_POLL_S)
     except BaseException:
-        stop[0] = 1
-        workers.kill_workers()
-        helper.join()
+        if stop is not None:
+            stop[0] = 1
+            workers.kill_workers()
+            helper.join()
         raise
     if "error" in outcome:
         raise outcome.pop("error")
