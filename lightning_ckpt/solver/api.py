@@ -185,6 +185,7 @@ def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.nd
         shared = interrupt.run_interruptibly(
             lambda: parallel.solve_on_workers(core.weights, core.values, cap, floats, workers, options, stop),
             stop,
+            uses_workers=True,
         )
         if shared is not None:
             return *shared, workers

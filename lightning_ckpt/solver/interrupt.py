@@ -31,8 +31,9 @@ JOIN_POLL_S = 0.05
 T = TypeVar("T")
 
 
-def run_interruptibly(work: Callable[[], T], stop: np.ndarray | None) -> T:
-    """Return ``work()``, computed in a helper thread that polls ``stop``.
+def run_interruptibly(work: Callable[[], T], stop: np.ndarray | None, *, uses_workers: bool = False) -> T:
+    """Return ``work()``, computed in a helper thread that polls ``stop``; ``uses_workers``: it
+    runs on the worker pool, whose processes are killed on an interrupt.
 
     With ``stop=None`` (work that cannot be stopped, such as scipy's MILP, which releases the GIL
     and ends at its own time limit) an interrupt is re-raised at once, without waiting for the
@@ -58,7 +59,8 @@ def run_interruptibly(work: Callable[[], T], stop: np.ndarray | None) -> T:
     except BaseException:
         if stop is not None:
             stop[0] = 1
-            workers.kill_workers()
+            if uses_workers:
+                workers.kill_workers()
             helper.join()
         raise
     if "error" in outcome:
