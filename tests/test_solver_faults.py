@@ -126,15 +126,29 @@ def test_a_killed_worker_raises_a_clear_error_and_the_next_solve_starts_fresh(mo
     assert victim not in solver_workers.live_worker_pids()
 
 
-def test_no_room_for_shared_memory_solves_in_one_process_with_one_warning(monkeypatch):
-    def no_room(fd, offset, length):
+def _no_room(monkeypatch) -> None:
+    def refuse(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    monkeypatch.setattr(os, "posix_fallocate", refuse)
+
+
+@pytest.mark.parametrize(
+    ("limit", "reason"),
+    [
+        (_no_room, r"No space left on device"),
+        (
+            lambda monkeypatch: monkeypatch.delattr(os, "memfd_create"),
+            r"memfd is not available on this system",
+        ),
+    ],
+    ids=["no-room", "no-memfd"],
+)
+def test_without_shared_memory_the_solve_runs_in_one_process_with_one_warning(monkeypatch, limit, reason):
+    limit(monkeypatch)
     weights, values, capacity = _instance()
-    with pytest.warns(
-        RuntimeWarning, match=r"no room for the knapsack solver's .* GiB of shared memory"
-    ) as caught:
+    pattern = rf"cannot reserve .* GiB of shared memory for the knapsack solver's workers \({reason}\); solving in one"
+    with pytest.warns(RuntimeWarning, match=pattern) as caught:
         result = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
     assert len(caught) == 1
     assert result == solve_knapsack(weights, values, capacity) and result.stats.workers_used == 1

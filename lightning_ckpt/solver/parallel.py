@@ -27,7 +27,7 @@ import numpy as np
 from lightning_ckpt.solver import hirschberg, workers
 from lightning_ckpt.solver.hirschberg import Task, run_task
 from lightning_ckpt.solver.options import SolverOptions
-from lightning_ckpt.solver.value_profile import SolveStopped
+from lightning_ckpt.solver.value_profile import raise_if_stopped
 
 __all__ = ["SharedArena", "PoolExecutor", "shared_arena", "solve_on_workers"]
 
@@ -68,10 +68,10 @@ def shared_arena(n_floats: int) -> SharedArena | None:
     try:
         return SharedArena(n_floats)
     except (OSError, AttributeError) as exc:  # AttributeError: no os.memfd_create on this OS
-        reason = getattr(exc, "strerror", None) or "shared memory (memfd) is not available here"
+        reason = getattr(exc, "strerror", None) or "memfd is not available on this system"
         warnings.warn(
-            f"no room for the knapsack solver's {8 * n_floats / 2**30:.3g} GiB of shared memory "
-            f"({reason}); solving in one process in ordinary memory instead",
+            f"cannot reserve {8 * n_floats / 2**30:.3g} GiB of shared memory for the knapsack solver's "
+            f"workers ({reason}); solving in one process in ordinary memory instead",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -101,7 +101,7 @@ class PoolExecutor:
         self.min_cells, self.grouping = options.parallel_min_task_cells, options.grouping
 
     def __enter__(self) -> PoolExecutor:
-        _check(self.stop)
+        raise_if_stopped(self.stop)
         attach = ("attach", self._shared.n_floats, self.weights, self.values, self.options)
         for worker in self._workers:
             worker.send(attach, fd=self._shared.fd)
@@ -122,7 +122,7 @@ class PoolExecutor:
         results: list[np.ndarray | None] = [None] * len(tasks)
         idle, busy = list(self._workers), {}
         while pending or local or busy:
-            _check(self.stop)
+            raise_if_stopped(self.stop)
             while idle and pending:
                 worker, index = idle.pop(), pending.popleft()
                 worker.send(("task", tasks[index]))
@@ -147,13 +147,14 @@ def _ready(busy: dict, block: bool) -> list[int]:
     return ready
 
 
-def _check(stop: np.ndarray) -> None:
-    if stop[0]:
-        raise SolveStopped("the solve was stopped")
-
-
 def solve_on_workers(
-    weights: np.ndarray, values: np.ndarray, capacity: int, n_floats: int, count: int, options, stop
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    n_floats: int,
+    count: int,
+    options: SolverOptions,
+    stop: np.ndarray,
 ) -> tuple[np.ndarray, int] | None:
     """``hirschberg.solve_segments`` on ``count`` processes (this one included), or None (one
     warning) where the shared arena has no room."""

@@ -32,7 +32,16 @@ import numpy as np
 from lightning_ckpt.solver import _kernels_numpy
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
 
-__all__ = ["KERNEL", "SolveStopped", "new_stop_flag", "profile", "solve_leaf", "best_split", "cell_updates"]
+__all__ = [
+    "KERNEL",
+    "SolveStopped",
+    "new_stop_flag",
+    "raise_if_stopped",
+    "profile",
+    "solve_leaf",
+    "best_split",
+    "cell_updates",
+]
 
 
 class SolveStopped(Exception):
@@ -44,7 +53,8 @@ def new_stop_flag() -> np.ndarray:
     return np.zeros(1, dtype=np.uint8)
 
 
-def _check(stop: np.ndarray) -> None:
+def raise_if_stopped(stop: np.ndarray) -> None:
+    """Raise ``SolveStopped`` once ``stop[0]`` is set."""
     if stop[0]:
         raise SolveStopped("the solve was stopped")
 
@@ -108,12 +118,12 @@ def profile(
     reach = 0
     if save_at is not None:
         reach = int(_BACKEND.extend(weights[:save_at], values[:save_at], capacity, out, 0, *grouping, stop))
-        _check(stop)
+        raise_if_stopped(stop)
         saved[: reach + 1] = out[: reach + 1]
         saved[reach + 1 :] = out[reach]
         weights, values = weights[save_at:], values[save_at:]
     reach = _BACKEND.extend(weights, values, capacity, out, reach, *grouping, stop)
-    _check(stop)
+    raise_if_stopped(stop)
     out[reach + 1 : capacity + 1] = out[reach]
 
 
@@ -146,7 +156,7 @@ def solve_leaf(
     keep_bits = np.zeros((len(weights), (int(capacity) >> 3) + 1), dtype=np.uint8)
     stop = new_stop_flag() if stop is None else stop
     _BACKEND.fill_leaf(weights, values, int(capacity), out, keep_bits, stop)
-    _check(stop)
+    raise_if_stopped(stop)
     chosen = np.zeros(len(weights), dtype=np.bool_)
     _BACKEND.backtrack(weights, int(capacity), keep_bits, chosen)
     return chosen
