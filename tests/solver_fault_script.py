@@ -1,6 +1,7 @@
 """Run by tests/test_solver_faults.py: a long solve for the test to interrupt or kill.
 
-Usage: python tests/solver_fault_script.py WORKERS, or ``ilp`` for a long ``method="ilp"`` solve. Prints ``ready PID...`` (the worker
+Usage: python tests/solver_fault_script.py WORKERS, or ``ilp`` for a long ``method="ilp"`` solve, or
+``small-shm`` for a parallel solve under a tiny /dev/shm (prints ``exact`` and the size of /dev/shm). Prints ``ready PID...`` (the worker
 processes' ids) just before a solve of several seconds, then, if that solve is interrupted,
 ``interrupted``, and ``exact`` once three later solves on ``WORKERS`` processes have matched
 the one-process answer (and ``stale PID...`` if a worker from before the interrupt survived).
@@ -8,6 +9,7 @@ the one-process answer (and ``stale PID...`` if a worker from before the interru
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,6 +32,8 @@ def instance(n_items: int, capacity: int, seed: int) -> tuple[np.ndarray, np.nda
 def main() -> None:
     if sys.argv[1] == "ilp":
         return ilp()
+    if sys.argv[1] == "small-shm":
+        return small_shm()
     workers = int(sys.argv[1])
     small = instance(300, 30_000, seed=1)
     reference = solve_knapsack(*small)
@@ -48,6 +52,15 @@ def main() -> None:
             return
     stale = set(before) & set(solver_workers.live_worker_pids())
     print("exact" if not stale else f"stale {sorted(stale)}", flush=True)
+
+
+def small_shm() -> None:
+    """A ``workers=2`` solve whose 48 MB arena is far above the size of this process's /dev/shm."""
+    weights, values, capacity = instance(200, 2_000_000, seed=5)
+    alone = solve_knapsack(weights, values, capacity)
+    shared = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
+    exact = shared == alone and shared.stats.workers_used == 2
+    print("exact" if exact else "inexact", shutil.disk_usage("/dev/shm").total, flush=True)
 
 
 def ilp() -> None:

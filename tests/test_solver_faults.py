@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +94,31 @@ def test_sigkill_of_the_group_leaves_nothing_in_dev_shm():
         time.sleep(0.05)
     assert worker_pids and all(_gone(pid) for pid in worker_pids)
     assert during == before and _shm_names() == before
+
+
+def _in_a_small_dev_shm(command: list[str]) -> list[str]:
+    """``command`` in a private mount namespace whose /dev/shm is a 1 MiB tmpfs (Docker's default
+    is 64 MiB); the machine's own /dev/shm is untouched."""
+    mount = 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"'
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *command]
+
+
+def test_a_tiny_dev_shm_does_not_limit_the_workers():
+    probe = (
+        subprocess.run(_in_a_small_dev_shm(["true"]), capture_output=True)
+        if shutil.which("unshare")
+        else None
+    )
+    if probe is None or probe.returncode != 0:
+        pytest.skip("needs `unshare -m` and `mount` (root, CAP_SYS_ADMIN)")
+    done = subprocess.run(
+        _in_a_small_dev_shm([sys.executable, str(SCRIPT), "small-shm"]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["exact", str(2**20)]  # 48 MB shared by two processes, /dev/shm of 1 MiB
 
 
 def _instance(seed: int = 3) -> tuple[np.ndarray, np.ndarray, int]:
