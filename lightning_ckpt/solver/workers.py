@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -117,6 +118,7 @@ class _Worker:
 _POOL: list[_Worker] = []
 _POOL_LOCK = threading.Lock()  # one parallel solve at a time owns the pool
 _TIMER: list[threading.Timer] = []
+_LAST_USED_S = [0.0]  # time.monotonic() at the end of the last solve on the pool
 
 
 @contextlib.contextmanager
@@ -137,6 +139,7 @@ def borrowed(count: int) -> Iterator[list[_Worker]]:
             _reset_locked()
             raise
         finally:
+            _LAST_USED_S[0] = time.monotonic()
             _arm_timer()
 
 
@@ -166,16 +169,22 @@ def _stop_all_locked() -> None:
 
 @atexit.register
 def shutdown_workers() -> None:
-    """Stop every worker process (also run at interpreter exit and when the pool is idle)."""
-    with _POOL_LOCK:
+    """Stop every worker process (also run at interpreter exit)."""
+    if not _POOL_LOCK.acquire(timeout=10):  # a solve still holds the pool: end its workers anyway
+        kill_workers()
+        return
+    try:
         _cancel_timer()
         _stop_all_locked()
+    finally:
+        _POOL_LOCK.release()
 
 
 def _release_if_idle() -> None:
     if _POOL_LOCK.acquire(blocking=False):  # a solve holding the pool re-arms the timer itself
         try:
-            _stop_all_locked()
+            if time.monotonic() - _LAST_USED_S[0] >= IDLE_RELEASE_S:  # not a timer outrun by a solve
+                _stop_all_locked()
         finally:
             _POOL_LOCK.release()
 
