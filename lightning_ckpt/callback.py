@@ -87,9 +87,7 @@ class AutoCheckpoint(Callback):
         self._plan_shapes: BatchShapes | None = None  # the same, kept after the fit for `plan`
         self._meter: track_peak_bytes | None = None
         self._setting: dict[str, Any] | None = None  # what the plans depend on besides the batch shapes
-        self._book_setting: dict[str, Any] | None = (
-            None  # the setting (and model) the book's plans were made for
-        )
+        self._book_setting: dict[str, Any] | None = None  # the setting and model of the book's plans
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
 
     @property

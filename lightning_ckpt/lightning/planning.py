@@ -147,11 +147,13 @@ def run_setting(trainer: pl.Trainer, config: AutoCheckpointConfig) -> dict[str, 
 
 
 def model_signature(pl_module: torch.nn.Module, candidates: list[str]) -> dict[str, Any]:
-    """What identifies the model a plan was made for: its class, its candidates, its parameter count."""
+    """What identifies the model a plan was made for: its class, its candidates, its parameter count
+    (lazy parameters, still without a shape, count as none)."""
+    parameters = (p for p in pl_module.parameters() if not torch.nn.parameter.is_lazy(p))
     return {
         "class": type(pl_module).__qualname__,
         "candidates": list(candidates),
-        "parameters": sum(p.numel() for p in pl_module.parameters()),
+        "parameters": sum(p.numel() for p in parameters),
     }
 
 
