@@ -68,7 +68,10 @@ class _Worker:
             )
 
     def _died(self) -> WorkerDied:
-        code = self.proc.poll()
+        try:  # its pipe closed before it could be reaped (its other threads were still exiting)
+            code = self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            code = None
         how = "is still running but broke its pipe" if code is None else f"exited with code {code}"
         return WorkerDied(
             f"a knapsack solver worker process (pid {self.proc.pid}) {how}; its pool was reset, "
