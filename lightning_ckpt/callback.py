@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -15,7 +16,13 @@ from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, remove_checkpointing
-from lightning_ckpt.lightning.checks import check_trainer, strategy_checkpointed
+from lightning_ckpt.lightning.checks import (
+    check_single,
+    check_trainer,
+    explain_recompute_error,
+    strategy_checkpointed,
+    take_over_model,
+)
 from lightning_ckpt.lightning.planning import (
     PlanBook,
     any_rank,
@@ -89,6 +96,7 @@ class AutoCheckpoint(Callback):
         self._setting: dict[str, Any] | None = None  # what the plans depend on besides the batch shapes
         self._book_setting: dict[str, Any] | None = None  # the setting and model of the book's plans
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
+        self._model_settings = contextlib.ExitStack()  # undoes what `take_over_model` changed
 
     @property
     def budget_gb(self) -> float:
@@ -123,6 +131,7 @@ class AutoCheckpoint(Callback):
         if stage == "fit":
             self._setting = run_setting(trainer, self.config)
             check_trainer(trainer, pl_module)
+            check_single(trainer, self)
             if any(True for _ in pl_module.children()):  # models built in `configure_model` are checked later
                 find_candidates(pl_module, self.config.targets)  # no candidates: fail now, not at step 1
 
@@ -172,6 +181,7 @@ class AutoCheckpoint(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        explain_recompute_error(exception)
         self.teardown(trainer, pl_module, "fit")  # Lightning runs no teardown after an exception
 
     @override
@@ -181,6 +191,8 @@ class AutoCheckpoint(Callback):
         if stage == "fit" and self._shapes is not None:
             remove_checkpointing(pl_module)
             self._shapes = None
+        if stage == "fit":
+            self._model_settings.close()  # the model's own checkpointing and KV cache as they were
         self._steps_this_fit = 0
 
     @override
@@ -201,6 +213,7 @@ class AutoCheckpoint(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._model_settings = take_over_model(pl_module)
         candidates = self._candidates(pl_module)
         setting = {**(self._setting or {}), "model": model_signature(pl_module, candidates)}
         outside = non_candidates(self._book, candidates)
