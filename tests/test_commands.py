@@ -16,7 +16,17 @@ CPU_CONFIG = "configs/gpt-cpu.yaml"
 
 
 def _configs(folder: Path) -> dict[str, str]:
-    files = {"empty": "", "scalar": "hello\n", "broken": "model: [\n", "list": "- model\n"}
+    bad_model = (
+        "model:\n  class_path: examples.gpt.GPT\n  init_args: {n_embd: 33, n_head: 2}\n"
+        "data:\n  class_path: examples.data.CharDataModule\n"
+    )
+    files = {
+        "empty": "",
+        "scalar": "hello\n",
+        "broken": "model: [\n",
+        "list": "- model\n",
+        "bad_model": bad_model,
+    }
     for name, text in files.items():
         (folder / f"{name}.yaml").write_text(text)
     return {name: str(folder / f"{name}.yaml") for name in files}
@@ -50,6 +60,7 @@ def _configs(folder: Path) -> dict[str, str]:
             r"cannot write --json .*: its folder does not exist",
         ),
         (["bench", "--n", "10", "--plot", "{folder}"], r"cannot write --plot '.*': it is a folder"),
+        (["plan", "--config", "{bad_model}", "--budget-gb", "1"], r"`n_embd` must be a multiple of `n_head`"),
         (["sweep", "--config", "{empty}"], r"must be a YAML mapping .* got an empty file"),
         (
             ["sweep", "--config", CPU_CONFIG, "--plot", "{missing_dir}/sweep.png"],

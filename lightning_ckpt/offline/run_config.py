@@ -144,6 +144,7 @@ def _parse(config_path: str, overrides: list[str]) -> dict[str, Any]:
     """LightningCLI's parse of the config as plain data; its errors become ``ValueError`` (no exit)."""
     with warnings.catch_warnings():  # LightningCLI warns that sys.argv is not what it parses: intended
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        warnings.filterwarnings("ignore", message="No seed found")  # it still seeds (0): a line of noise
         try:
             cli = _ParseOnlyCLI(
                 L.LightningModule,
