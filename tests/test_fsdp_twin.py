@@ -9,6 +9,7 @@ only on a GPU machine.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import lightning as L
@@ -16,10 +17,11 @@ import pytest
 import torch
 from callback_helpers import tiny_gpt
 from lightning.pytorch.strategies import FSDPStrategy
-from test_budget_promise import GB, LONG, bounds, capped_fit, loader
+from test_budget_promise import GB, LONG, bounds, capped_fit, exact_budget, loader
 
 from examples.gpt import Block
 from lightning_ckpt import AutoCheckpoint
+from lightning_ckpt.core.memory.model import fixed_peak_bytes
 from lightning_ckpt.lightning import profile as profile_module
 from lightning_ckpt.lightning.fsdp_twin import fsdp_twin_profile
 from lightning_ckpt.offline.fake_step import profile_training_step
@@ -69,7 +71,11 @@ def test_the_first_fsdp_step_is_profiled_within_the_budget(monkeypatch, twin):
         _trainer(), pl_module, batch, candidates
     )
     monkeypatch.setattr(profile_module, "fsdp_twin_profile", twin_on_one_device if twin else lambda *_: None)
-    budget = bounds().budget("minimum")
+    if twin:  # FSDP's static memory over one device adds the gathered units: its own minimum
+        profile = fsdp_twin_profile(_trainer(), tiny_gpt(), _batch(), CANDIDATES)
+        budget = exact_budget(fixed_peak_bytes(dataclasses.replace(profile, zero_grad="after_forward")))
+    else:
+        budget = bounds().budget("minimum")
     callback = AutoCheckpoint(budget_gb=budget / GB)
     if not twin:
         with pytest.warns(UserWarning), pytest.raises(torch.OutOfMemoryError):
