@@ -79,6 +79,18 @@ def test_ctrl_c_stops_the_solve_within_a_second_and_later_solves_are_exact(worke
     assert seconds_to_interrupt < 1.0
 
 
+def test_workers_end_when_their_parent_is_killed_alone_mid_kernel():
+    """``kill -9`` of the caller only (not its group): the orphaned workers stop within about a second."""
+    child, worker_pids = _start(2)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while not all(_gone(pid) for pid in worker_pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker_pids and all(_gone(pid) for pid in worker_pids)
+    assert time.monotonic() < deadline
+
+
 def _shared_files(pid: int) -> set[str]:
     """The shared-memory files process ``pid`` maps or holds open: ``/dev/shm`` names and memfds.
 

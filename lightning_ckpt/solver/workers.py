@@ -235,8 +235,28 @@ def _handle(message: tuple, state: dict) -> object:
     return run_task(state["weights"], state["values"], state["arena"], message[1], state["grouping"])
 
 
+PARENT_POLL_S = 0.5
+"""Seconds between a worker's checks that the process that started it is alive."""
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """End this worker when its parent dies, even in the middle of a kernel (which releases the GIL).
+
+    A parent killed alone (``kill -9 PID``, the OOM killer) never sends "stop" nor closes stdin while
+    a kernel runs: without this watch the orphan would compute on for minutes, holding its memory.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="lightning-ckpt-parent-watch", daemon=True).start()
+
+
 def worker_main(fd_socket: int) -> None:
     """Serve requests from stdin until told to stop or stdin closes (runs in the worker)."""
+    exit_with_parent(os.getppid())
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints must not corrupt the message stream
     requests = sys.stdin.buffer
