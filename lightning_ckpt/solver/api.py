@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightning_ckpt.solver import baselines, hirschberg, parallel
+from lightning_ckpt.solver import baselines, capped, hirschberg, parallel
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import SolverOptions, resolve_options
 from lightning_ckpt.solver.reduce import Core, reduce_instance
-from lightning_ckpt.solver.validate import validate_inputs
+from lightning_ckpt.solver.validate import validate_caps, validate_inputs
 from lightning_ckpt.solver.value_profile import KERNEL
 
 __all__ = ["KnapsackResult", "SolveStats", "solve_knapsack"]
@@ -90,6 +90,8 @@ def solve_knapsack(
     method: str = "auto",
     workers: int = 1,
     options: SolverOptions | None = None,
+    prefix_capacities: Sequence[int] | None = None,
+    skip_capacities: Sequence[int] | None = None,
 ) -> KnapsackResult:
     """Choose items maximizing total value with total weight at most ``capacity``.
 
@@ -103,6 +105,11 @@ def solve_knapsack(
         workers: Processes for the exact O(W) paths; the answer does not depend on it.
         options: Tunables (``SolverOptions``; None: the defaults); the answer does not depend
             on them either.
+        prefix_capacities: Per item ``i``, the most the chosen items before ``i`` (in the given
+            order) may weigh (integral, >= 0); only ``"auto"`` and ``"hirschberg"`` take it. With
+            ``skip_capacities`` it binds only when item ``i`` is chosen.
+        skip_capacities: Per item ``i``, the most the chosen items before ``i`` may weigh when
+            ``i`` is not chosen (default: ``prefix_capacities``).
 
     Returns:
         A ``KnapsackResult``, its ``stats`` filled. Exact methods return an optimal,
@@ -122,11 +129,19 @@ def solve_knapsack(
         >>> split = solve_knapsack([2, 3, 4], [3.0, 4.0, 5.5], 5, method="hirschberg", options=deep)
         >>> split == result, split.stats == result.stats  # equal answers, different work
         (True, False)
+        >>> caps = {"prefix_capacities": [5, 5, 0], "skip_capacities": [5, 5, 5]}
+        >>> solve_knapsack([2, 3, 4], [3.0, 4.0, 5.5], 5, **caps).chosen  # item 2 only if first
+        (0, 1)
+        >>> solve_knapsack([2, 3, 4], [3.0, 4.0, 7.5], 5, **caps).chosen
+        (2,)
     """
     weight_array, value_array, capacity = validate_inputs(weights, values, capacity, method, workers)
+    caps = validate_caps(prefix_capacities, skip_capacities, len(weight_array), capacity, method)
     options = resolve_options(options)
     n = len(weight_array)
     stats = SolveStats(method, KERNEL, n, capacity, core_items=n, core_capacity=capacity)
+    if caps is not None:
+        return _solve_with_caps(weight_array, value_array, capacity, caps, stats, workers, options)
     if method in ("auto", "hirschberg"):
         chosen, stats = _solve_exact(weight_array, value_array, capacity, stats, workers, options)
     elif method == "dp":
@@ -138,6 +153,25 @@ def solve_knapsack(
     if result.weight > capacity:  # a last guard: no method may ever answer over the capacity
         raise AssertionError(f"solver {method!r} chose weight {result.weight} over capacity {capacity}")
     return result
+
+
+def _solve_with_caps(
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    caps: tuple[np.ndarray, np.ndarray],
+    stats: SolveStats,
+    workers: int,
+    options: SolverOptions,
+) -> KnapsackResult:
+    """The capped solver (``capped.py``), and a last guard that no cap is broken."""
+    chosen, cells, used = np.zeros(0, dtype=np.bool_), 0, 1
+    if len(weights):
+        chosen, cells, used = capped.solve_capped(weights, values, capacity, *caps, workers, options)
+    broken = capped.cap_violation(weights, chosen, capacity, *caps)
+    if broken is not None:
+        raise AssertionError(f"solver {stats.method!r} with prefix capacities: {broken}")
+    return _result(weights, values, chosen, dataclasses.replace(stats, cell_updates=cells, workers_used=used))
 
 
 def _solve_exact(

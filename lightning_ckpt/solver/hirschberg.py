@@ -99,8 +99,11 @@ def run_task(
 ) -> np.ndarray | None:
     """Run one task in this process: fill a profile (returns None) or solve a leaf (a mask).
 
-    ``grouping`` is ``SolverOptions.grouping``, for the profile kernel.
+    ``grouping`` is ``SolverOptions.grouping``, for the profile kernel. A task of another kind
+    (``capped.CappedTask``) runs itself.
     """
+    if not isinstance(task, Task):
+        return task.run(weights, values, arena)
     out = arena[task.offset : task.offset + task.capacity + 1]
     items = slice(task.lo, task.hi)
     if task.kind == "leaf":
