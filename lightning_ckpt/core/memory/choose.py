@@ -51,7 +51,7 @@ def choose_kept(
     matrix = PointMatrix(points)
     if matrix.peak(np.ones(len(values), dtype=np.bool_)) <= budget_bytes:
         return np.ones(len(values), dtype=np.bool_), "all-fit"
-    form = prefix_form(points)
+    form = prefix_form(points, matrix)
     if form is None:
         kept, how = solve_points(points, values, budget_bytes, quantum_bytes)
         how = f"exact ({how})"

@@ -170,10 +170,7 @@ class _StorageTable:
             self.taken[k] = earliest.get((m, False), np.nan)
 
     def points(self, specs: list) -> list[PeakPoint]:
-        """The points of ``(time, fixed candidate, base, when)`` specs, all at once (rows x storages).
-
-        Byte sums go through float64 products (exact below 2**53 bytes) for speed.
-        """
+        """The points of ``(time, fixed candidate, base, when)`` specs, all at once (rows x storages)."""
         times = np.array([spec[0] for spec in specs], dtype=np.float64)[:, None]
         fixed = np.array([-3 if spec[1] is None else spec[1][0] for spec in specs])[:, None]
         fixed_kept = np.array([spec[1] is not None and spec[1][1] for spec in specs])[:, None]
@@ -185,11 +182,9 @@ class _StorageTable:
         held = always | fixed_held | (saved & taken & owned)
         free = ~held & ~is_fixed & owned
         plus, minus = free & saved & ~taken, free & taken & ~saved
-        owners = np.zeros((len(self.nbytes), self.n))
-        owners[np.flatnonzero(owned), self.owner[owned]] = self.nbytes[owned]
-        keep = np.rint((plus.astype(np.float64) - minus) @ owners).astype(np.int64)
-        nbytes = self.nbytes.astype(np.float64)
-        bases = np.rint((held | minus).astype(np.float64) @ nbytes).astype(np.int64)
+        signed = np.where(plus, self.nbytes, 0) - np.where(minus, self.nbytes, 0)
+        keep = _sum_by_owner(signed, self.owner, self.n)
+        bases = np.where(held | minus, self.nbytes, 0).sum(axis=1)
         points = []
         for row, (time, fixed_one, base, when) in enumerate(specs):
             base += int(bases[row])
@@ -200,6 +195,17 @@ class _StorageTable:
                     either += [term] if term else []
             points.append(PeakPoint(base, keep[row], tuple(either), when, time))
         return points
+
+
+def _sum_by_owner(signed: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
+    """Per row, the sum of ``signed`` over the storages of each candidate (rows x candidates, int64)."""
+    keep = np.zeros((len(signed), n), dtype=np.int64)
+    owned = np.flatnonzero(owner >= 0)
+    if len(owned):
+        order = owned[np.argsort(owner[owned], kind="stable")]
+        groups, starts = np.unique(owner[order], return_index=True)
+        keep[:, groups] = np.add.reduceat(signed[:, order], starts, axis=1)
+    return keep
 
 
 def _either(earliest, time, fixed, nbytes, base, keep) -> tuple[int, tuple | None]:

@@ -9,7 +9,7 @@ take (or skip) capacity. ``prefix_form`` finds that order or says the points are
 
 Example:
     >>> import numpy as np
-    >>> from lightning_ckpt.core.memory.points import PeakPoint
+    >>> from lightning_ckpt.core.memory.points import PeakPoint, PointMatrix
     >>> points = (
     ...     PeakPoint(10, np.array([0, 0])),  # before anything is kept
     ...     PeakPoint(12, np.array([5, 0]), when=(1, False)),  # b recomputed: a kept counts
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_ckpt.core.memory.points import PeakPoint
+from lightning_ckpt.core.memory.points import PeakPoint, PointMatrix
 
 __all__ = ["PrefixForm", "prefix_form"]
 
@@ -50,40 +50,49 @@ class PrefixForm:
     total_base_bytes: float
 
 
-def prefix_form(points: tuple[PeakPoint, ...]) -> PrefixForm | None:
-    """The prefix-capacity form of the points, or None when they are not nested."""
-    n = len(points[0].keep_bytes) if points else 0
-    weights = _common_weights(points, n)
-    if weights is None:
+def prefix_form(points: tuple[PeakPoint, ...], matrix: PointMatrix | None = None) -> PrefixForm | None:
+    """The prefix-capacity form of the points (``matrix``: the same, stacked), or None if not nested."""
+    matrix = PointMatrix(points) if matrix is None else matrix
+    keep = matrix.keep
+    weights = keep.max(axis=0, initial=0)
+    if matrix.either or (keep < 0).any() or ((keep != 0) & (keep != weights)).any():
         return None
-    sets = [frozenset(np.flatnonzero(point.keep_bytes).tolist()) for point in points]
-    chain = sorted({frozenset(), *sets}, key=len)
+    grouped = _grouped(matrix)
+    chain = sorted({frozenset(), *(members for members, _, _ in grouped)}, key=len)
     if any(not small < big for small, big in zip(chain[:-1], chain[1:], strict=True)):
         return None
-    order = _order(points, sets, chain, n)
+    order = _order(grouped, chain, keep.shape[1])
     if order is None:
         return None
-    return _bases(points, sets, order, weights, chain)
+    return _bases(grouped, order, weights, chain)
 
 
-def _common_weights(points: tuple[PeakPoint, ...], n: int) -> np.ndarray | None:
-    """One weight per candidate that every nonzero coefficient equals, or None."""
-    if any(point.either_bytes for point in points):
-        return None
-    coefficients = np.array([point.keep_bytes for point in points], dtype=np.int64).reshape(len(points), n)
-    weights = coefficients.max(axis=0, initial=0)
-    if (coefficients < 0).any() or ((coefficients != 0) & (coefficients != weights)).any():
-        return None
-    return weights
+def _grouped(matrix: PointMatrix) -> list[tuple[frozenset[int], tuple[int, bool] | None, int]]:
+    """The points as (set of candidates with a weight, condition, largest base), one per distinct pair."""
+    if not len(matrix.base):
+        return []
+    rows, set_index = np.unique(matrix.keep != 0, axis=0, return_inverse=True)
+    sets = [frozenset(np.flatnonzero(row).tolist()) for row in rows]
+    groups: dict[tuple[int, tuple[int, bool] | None], int] = {}
+    columns = (
+        set_index.ravel().tolist(),
+        matrix.when_index.tolist(),
+        matrix.when_kept.tolist(),
+        matrix.base.tolist(),
+    )
+    for index, when_index, when_kept, base in zip(*columns, strict=True):
+        key = (index, None if when_index < 0 else (when_index, when_kept))
+        groups[key] = max(groups.get(key, base), base)
+    return [(sets[index], when, base) for (index, when), base in groups.items()]
 
 
-def _order(points, sets, chain, n: int) -> list[int] | None:
+def _order(grouped, chain, n: int) -> list[int] | None:
     """Candidates along the chain, each conditional candidate right after its point's set."""
     level = {members: k for k, members in enumerate(chain)}
     layer_of = {m: k for k in range(1, len(chain)) for m in chain[k] - chain[k - 1]}
     slot: dict[int, int] = {}  # conditional candidate -> the chain level it must follow
-    for point, members in zip(points, sets, strict=True):
-        if point.when is not None and slot.setdefault(point.when[0], level[members]) != level[members]:
+    for members, when, _ in grouped:
+        if when is not None and slot.setdefault(when[0], level[members]) != level[members]:
             return None
     firsts: dict[int, int] = {}  # chain level -> the weighted candidate that must open the next layer
     for m, k in slot.items():
@@ -98,22 +107,21 @@ def _order(points, sets, chain, n: int) -> list[int] | None:
     return order + sorted(set(range(n)) - set(order))
 
 
-def _bases(points, sets, order: list[int], weights: np.ndarray, chain) -> PrefixForm:
+def _bases(grouped, order: list[int], weights: np.ndarray, chain) -> PrefixForm:
     """The largest base binding each item's take and skip capacity, and the total's."""
     position = {m: j for j, m in enumerate(order)}
     take, skip = [NO_BOUND] * len(order), [NO_BOUND] * len(order)
     total = NO_BOUND
-    for point, members in zip(points, sets, strict=True):
-        if point.when is not None:
-            j = position[point.when[0]]
-            bound = take if point.when[1] else skip
-            bound[j] = max(bound[j], point.base_bytes)
+    for members, when, base in grouped:
+        if when is not None:
+            bound = take if when[1] else skip
+            bound[position[when[0]]] = max(bound[position[when[0]]], base)
             continue
         after = max((position[m] for m in members), default=-1) + 1  # the first item past the set
         if members == chain[-1]:
-            total = max(total, point.base_bytes)
+            total = max(total, base)
         elif after < len(order):
-            take[after], skip[after] = max(take[after], point.base_bytes), max(skip[after], point.base_bytes)
+            take[after], skip[after] = max(take[after], base), max(skip[after], base)
     return PrefixForm(
         order=tuple(order),
         weight_bytes=tuple(int(weights[m]) for m in order),
