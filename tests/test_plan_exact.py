@@ -56,3 +56,23 @@ def test_exact_plan_never_recomputes_more_than_the_additive_plan():
         assert exact.recompute_seconds <= additive.recompute_seconds + 1e-12
         worse += exact.recompute_seconds < additive.recompute_seconds - 1e-12
     assert worse > 0  # on mixed widths the additive bound does lose somewhere
+
+
+def test_milp_fallback_matches_enumeration(monkeypatch):
+    """Above ``ENUMERATE_MAX_ITEMS`` a non-nested step goes to the MILP (either terms, conditions)."""
+    pytest.importorskip("scipy")
+    from lightning_ckpt.core.memory import fallback
+    from lightning_ckpt.core.memory.points import peak_points
+
+    profile = profiled("unet", seed=6)
+    points, values = peak_points(profile), [m.recompute_seconds for m in profile.modules]
+    peaks, _ = every_kept_set(profile)
+    for budget in np.linspace(fixed_peak_bytes(profile), peaks.max(), 12).astype(int).tolist():
+        enumerated, how = fallback.solve_points(points, values, budget, 64)
+        assert how == "enumeration"
+        monkeypatch.setattr(fallback, "ENUMERATE_MAX_ITEMS", 0)
+        solved, how = fallback.solve_points(points, values, budget, 64)
+        monkeypatch.setattr(fallback, "ENUMERATE_MAX_ITEMS", 14)
+        assert how == "milp"
+        assert np.dot(solved, values) == pytest.approx(np.dot(enumerated, values), rel=1e-9)
+        assert fallback._fits(fallback.quantize_points(points, budget, 64), solved[None, :])[0]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightning_ckpt.solver import SolverOptions, capped, solve_knapsack
+from lightning_ckpt.solver import SolverOptions, capped, capped_profile, solve_knapsack, value_profile
+from tests.test_solver_api import _run_python
 
 
 def brute_force_value(weights, values, capacity, take, skip) -> float:
@@ -41,12 +42,17 @@ def assert_optimal(result, weights, values, capacity, take, skip):
     assert result.value == pytest.approx(optimum, rel=1e-9, abs=1e-12)
 
 
-@pytest.fixture(params=["sparse", "dense leaves", "dense splits"])
+@pytest.fixture(params=["sparse", "dense leaves", "dense splits", "dense compiled"])
 def path(request, monkeypatch) -> SolverOptions:
-    """Run on the sparse frontier, on dense leaves, and on dense one-item Hirschberg splits."""
+    """Run on the sparse frontier, on dense leaves, on dense one-item Hirschberg splits, and on dense
+    splits with the numba kernels however small the call."""
     if request.param != "sparse":
         monkeypatch.setattr(capped, "SPARSE_MAX_ENTRIES", 0)
-    return SolverOptions(leaf_max_cells=0) if request.param == "dense splits" else SolverOptions()
+    if request.param == "dense compiled":
+        pytest.importorskip("numba")
+        monkeypatch.setattr(value_profile, "NUMPY_MAX_CELLS", 0)
+    splits = request.param in ("dense splits", "dense compiled")
+    return SolverOptions(leaf_max_cells=0) if splits else SolverOptions()
 
 
 def test_capped_matches_brute_force(path):
@@ -126,3 +132,33 @@ def test_stats_and_empty_instance():
     assert (
         result.chosen == (1, 2) and result.stats.items == 3
     )  # item 0 would leave 4 before item 2 and result.stats.workers_used == 1
+
+
+def test_compiled_kernels_match_numpy():
+    numba_kernels = pytest.importorskip("lightning_ckpt.solver._kernels_capped_numba")
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        n, size = int(rng.integers(1, 7)), int(rng.integers(1, 30))
+        weights, values = rng.integers(0, 10, n), rng.uniform(0, 5, n).round(1)
+        take, skip = rng.integers(-2, size + 2, n), rng.integers(-1, size + 2, n)
+        arrays = capped_profile._as_arrays(weights, values, take, skip)
+        for name in ("forward", "backward"):
+            ours, twin = np.zeros(size), np.zeros(size)
+            getattr(capped_profile, name)(*arrays, ours)  # small: the numpy version
+            getattr(numba_kernels, name)(*arrays, twin)
+            np.testing.assert_array_equal(ours, twin)
+        took = np.zeros((n, size), dtype=bool)
+        numba_kernels.fill_leaf(*arrays, np.zeros(size), took)
+        mask = capped_profile.backtrack(weights, take, skip, took, size - 1)
+        assert np.array_equal(mask, capped_profile.solve_leaf(*arrays, np.zeros(size)))
+
+
+def test_small_solves_do_not_load_numba():
+    """A plan-sized instance (200 items of a few sizes, W ~ 1e8) in a fresh process stays in numpy."""
+    code = (
+        "import sys, numpy as np; from lightning_ckpt.solver import solve_knapsack; "
+        "w = np.tile([3_078_912, 1_000_448, 524_288, 2_000_000], 50); caps = np.cumsum(w)[::-1] // 3; "
+        "r = solve_knapsack(w, np.linspace(1, 2, 200), 90_000_000, prefix_capacities=caps); "
+        "print(r.weight <= 90_000_000, 'numba' in sys.modules)"
+    )
+    assert _run_python(code) == "True False"

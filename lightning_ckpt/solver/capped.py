@@ -107,14 +107,17 @@ def solve_capped(
     workers: int,
     options: SolverOptions = DEFAULT_OPTIONS,
 ) -> tuple[np.ndarray, int, int]:
-    """Solve exactly; caps >= 0. Returns ``(chosen mask, DP cells or frontier entries, processes)``."""
+    """Solve exactly; caps >= 0. Returns ``(chosen mask, DP cells or frontier entries, processes)``.
+
+    The sparse path counts frontier entries as its cells (the work of one cell each, about).
+    """
     divisor = math.gcd(*weights.tolist()) or 1  # chosen weights are multiples: floor every bound
     weights, capacity = weights // divisor, capacity // divisor
     take = np.minimum(take // divisor, capacity)
     skip = np.minimum(skip // divisor, capacity)
     sparse = solve_sparse(weights, values, capacity, take, skip, SPARSE_MAX_ENTRIES)
     if sparse is not None:
-        return sparse, 0, 1
+        return (*sparse, 1)
     floats = 2 * (capacity + len(weights))
     check_fits(8 * floats, None, f"the capped O(W) solver's profiles (capacity {capacity})")
     if workers > 1 and len(weights) * (capacity + 1) >= options.parallel_min_solve_cells:

@@ -12,8 +12,8 @@ Two profiles, over a segment's relative capacity ``0..C``:
   ``h'[x] = max(h[x] if x <= skip, h[x + w] + v if x <= take)``: the caps ride along.
 
 Infeasible entries are ``-inf``. Each item costs O(C) time; a profile is C + 1 floats. The pure
-numpy versions here serve small segments without loading numba; ``_kernels_capped_numba`` does
-the same arithmetic in compiled loops for large ones (bit-identical: one max of two sums per cell).
+numpy versions here serve small calls without loading numba; ``_kernels_capped_numba`` does the
+same arithmetic in compiled loops for large ones (bit-identical: one max of two sums per cell).
 
 Example:
     >>> f = np.zeros(6)  # items of weight 2 and 3, value 1 and 2; item 1 only if item 0 weighs <= 0
@@ -26,9 +26,32 @@ from __future__ import annotations
 
 import numpy as np
 
+from lightning_ckpt.solver import _kernels_numpy, value_profile
+
 __all__ = ["backward", "forward", "solve_leaf"]
 
 NEG = -np.inf
+
+
+def _compiled(cells: int):
+    """The numba twins for a call of ``cells`` cells, or None for numpy (the same rule as
+    ``value_profile``: numpy while small and numba not yet loaded, or when numba is off)."""
+    if value_profile._backend(cells) is _kernels_numpy:
+        return None
+    try:
+        from lightning_ckpt.solver import _kernels_capped_numba
+    except ImportError:  # numba present but broken
+        return None
+    return _kernels_capped_numba
+
+
+def _as_arrays(weights, values, take, skip) -> tuple[np.ndarray, ...]:
+    return (
+        np.ascontiguousarray(weights, dtype=np.int64),
+        np.ascontiguousarray(values, dtype=np.float64),
+        np.ascontiguousarray(take, dtype=np.int64),
+        np.ascontiguousarray(skip, dtype=np.int64),
+    )
 
 
 def _take_candidates(f: np.ndarray, w: int, v: float, take: int) -> np.ndarray:
@@ -75,6 +98,10 @@ def backward(
         [5.0, 5.0, 0.0, 0.0]
     """
     size = len(h)
+    compiled = _compiled(len(weights) * size)
+    if compiled is not None:
+        compiled.backward(*_as_arrays(weights, values, take, skip), h)
+        return
     items = zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True)
     for w, v, t, s in reversed(list(items)):
         candidates = np.full(size, NEG)
@@ -99,6 +126,10 @@ def solve_leaf(
     """
     n, size = len(weights), len(f)
     took = np.zeros((n, size), dtype=np.bool_)
+    compiled = _compiled(n * size)
+    if compiled is not None:
+        compiled.fill_leaf(*_as_arrays(weights, values, take, skip), f, took)
+        return backtrack(weights, take, skip, took, size - 1)
     f[:] = 0.0
     for j in range(n):
         candidates = _take_candidates(f, int(weights[j]), float(values[j]), int(take[j]))

@@ -9,8 +9,9 @@ of W. When a frontier grows past a given number of entries the dense O(W) solver
 
 Example:
     >>> w, v, caps = np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5]), np.array([5, 5, 5])
-    >>> solve_sparse(w, v, 5, caps, caps, max_entries=100).tolist()
-    [True, True, False]
+    >>> chosen, entries = solve_sparse(w, v, 5, caps, caps, max_entries=100)
+    >>> chosen.tolist(), entries
+    ([True, True, False], 11)
 """
 
 from __future__ import annotations
@@ -20,22 +21,26 @@ import numpy as np
 __all__ = ["solve_sparse"]
 
 
-def _step(fw: np.ndarray, fv: np.ndarray, w: int, v: float, take: int, skip: int) -> tuple[np.ndarray, ...]:
+def _step(fw: np.ndarray, fv: np.ndarray, w: int, v: float, take: int, skip: int) -> tuple:
     """One item on the frontier ``(fw, fv)`` (weights ascending, values strictly ascending).
 
-    Returns the new frontier and, per entry, whether the item was taken and the entry it came from.
+    Returns the new frontier, where each entry came from (an index into the skip part, then the
+    take part, of the old one) and the size of the skip part.
     """
-    n_skip = int(np.searchsorted(fw, skip, side="right")) if skip >= 0 else 0
-    n_take = int(np.searchsorted(fw, take, side="right")) if take >= 0 else 0
-    weights = np.concatenate([fw[:n_skip], fw[:n_take] + w])
-    values = np.concatenate([fv[:n_skip], fv[:n_take] + v])
-    source = np.concatenate([np.arange(n_skip), np.arange(n_take)])
-    took = np.arange(n_skip + n_take) >= n_skip
-    order = np.lexsort((-values, weights))  # lighter first; at equal weight the better first
-    weights, values, source, took = weights[order], values[order], source[order], took[order]
-    keep = np.ones(len(values), dtype=np.bool_)
-    keep[1:] = values[1:] > np.maximum.accumulate(values)[:-1]
-    return weights[keep], values[keep], took[keep], source[keep]
+    n_skip = int(fw.searchsorted(skip, side="right")) if skip >= 0 else 0
+    n_take = int(fw.searchsorted(take, side="right")) if take >= 0 else 0
+    weights = np.concatenate((fw[:n_skip], fw[:n_take] + w))
+    values = np.concatenate((fv[:n_skip], fv[:n_take] + v))
+    order = weights.argsort(kind="stable")  # lighter first; at equal weight, skipped first
+    weights, values = weights[order], values[order]
+    keep = np.empty(len(values), dtype=np.bool_)
+    keep[0] = True
+    np.greater(values[1:], np.maximum.accumulate(values)[:-1], out=keep[1:])
+    kept = keep.nonzero()[0]
+    last = np.ones(len(kept), dtype=np.bool_)  # equal weights: the most valuable only
+    np.not_equal(weights[kept[1:]], weights[kept[:-1]], out=last[:-1])
+    kept = kept[last]
+    return weights[kept], values[kept], order[kept], n_skip
 
 
 def solve_sparse(
@@ -45,8 +50,9 @@ def solve_sparse(
     take: np.ndarray,
     skip: np.ndarray,
     max_entries: int,
-) -> np.ndarray | None:
-    """The best set (a mask) of a knapsack with prefix capacities, or None past ``max_entries``.
+) -> tuple[np.ndarray, int] | None:
+    """The best set (a mask) of a knapsack with prefix capacities and the frontier entries made, or
+    None past ``max_entries``.
 
     Args:
         weights: int64 weights >= 0, in the order the caps refer to.
@@ -60,15 +66,16 @@ def solve_sparse(
     fw, fv = np.zeros(1, dtype=np.int64), np.zeros(1)
     history, total = [], 0
     for w, v, t, s in zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True):
-        fw, fv, took, source = _step(fw, fv, w, v, min(t, capacity - w), min(s, capacity))
-        history.append((took, source))
+        fw, fv, source, n_skip = _step(fw, fv, w, v, min(t, capacity - w), min(s, capacity))
+        history.append((source, n_skip))
         total += len(fw)
         if total > max_entries:
             return None
     chosen = np.zeros(len(weights), dtype=np.bool_)
     entry = len(fw) - 1  # the most valuable set
     for j in range(len(weights) - 1, -1, -1):
-        took, source = history[j]
-        chosen[j] = took[entry]
+        source, n_skip = history[j]
         entry = int(source[entry])
-    return chosen
+        chosen[j] = entry >= n_skip
+        entry -= n_skip if chosen[j] else 0
+    return chosen, total
