@@ -162,3 +162,13 @@ def test_small_solves_do_not_load_numba():
         "print(r.weight <= 90_000_000, 'numba' in sys.modules)"
     )
     assert _run_python(code) == "True False"
+
+
+def test_hirschberg_is_dense_auto_tries_the_frontier_first():
+    weights, values = [6, 9, 12, 6], [1.0, 2.0, 2.5, 1.0]
+    caps = {"prefix_capacities": [30, 30, 12, 30], "skip_capacities": [30, 6, 30, 30]}
+    auto = solve_knapsack(weights, values, 30, **caps)
+    dense = solve_knapsack(weights, values, 30, method="hirschberg", **caps)
+    assert auto.value == dense.value == 5.5 and dense.method == "hirschberg"
+    assert auto.stats.core_capacity == dense.stats.core_capacity == 10  # divided by the gcd 3
+    assert dense.stats.cell_updates > 0

@@ -106,8 +106,9 @@ def solve_knapsack(
         options: Tunables (``SolverOptions``; None: the defaults); the answer does not depend
             on them either.
         prefix_capacities: Per item ``i``, the most the chosen items before ``i`` (in the given
-            order) may weigh (integral, >= 0); only ``"auto"`` and ``"hirschberg"`` take it. With
-            ``skip_capacities`` it binds only when item ``i`` is chosen.
+            order) may weigh (integral, >= 0); only ``"auto"`` (a sparse frontier DP first, then the
+            dense one) and ``"hirschberg"`` (dense O(W) only) take it. With ``skip_capacities`` it
+            binds only when item ``i`` is chosen.
         skip_capacities: Per item ``i``, the most the chosen items before ``i`` may weigh when
             ``i`` is not chosen (default: ``prefix_capacities``).
 
@@ -165,13 +166,17 @@ def _solve_with_caps(
     options: SolverOptions,
 ) -> KnapsackResult:
     """The capped solver (``capped.py``), and a last guard that no cap is broken."""
-    chosen, cells, used = np.zeros(0, dtype=np.bool_), 0, 1
+    chosen, cells, used, core_capacity = np.zeros(0, dtype=np.bool_), 0, 1, 0
     if len(weights):
-        chosen, cells, used = capped.solve_capped(weights, values, capacity, *caps, workers, options)
+        sparse_first = stats.method == "auto"  # "hirschberg": the dense O(W) path only
+        chosen, cells, used, core_capacity = capped.solve_capped(
+            weights, values, capacity, *caps, workers, options, sparse_first=sparse_first
+        )
     broken = capped.cap_violation(weights, chosen, capacity, *caps)
     if broken is not None:
         raise AssertionError(f"solver {stats.method!r} with prefix capacities: {broken}")
-    return _result(weights, values, chosen, dataclasses.replace(stats, cell_updates=cells, workers_used=used))
+    stats = dataclasses.replace(stats, core_capacity=core_capacity, cell_updates=cells, workers_used=used)
+    return _result(weights, values, chosen, stats)
 
 
 def _solve_exact(

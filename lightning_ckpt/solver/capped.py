@@ -15,11 +15,12 @@ leaks), and their profiles are independent: ``workers`` computes them in paralle
 split rule for any ``workers`` (the same answer).
 
 Before that: caps are clipped to W, weights, caps and W are divided (floor) by the weights' common
-divisor, and a sparse frontier DP (``frontier``) solves instances whose Pareto frontiers stay small.
+divisor, and (for ``method="auto"``) a sparse frontier DP (``frontier``) solves instances whose Pareto
+frontiers stay small.
 
 Example:
     >>> w, v = np.array([3, 3, 3]), np.array([1.5, 2.0, 3.0])
-    >>> mask, _, _ = solve_capped(w, v, 6, np.array([6, 6, 0]), np.array([6, 6, 6]), 1)
+    >>> mask, _, _, _ = solve_capped(w, v, 6, np.array([6, 6, 0]), np.array([6, 6, 6]), 1)
     >>> mask.tolist()  # item 2 only with nothing before it: items 0 and 1 (3.5) beat it alone
     [True, True, False]
 """
@@ -106,25 +107,28 @@ def solve_capped(
     skip: np.ndarray,
     workers: int,
     options: SolverOptions = DEFAULT_OPTIONS,
-) -> tuple[np.ndarray, int, int]:
-    """Solve exactly; caps >= 0. Returns ``(chosen mask, DP cells or frontier entries, processes)``.
+    *,
+    sparse_first: bool = True,
+) -> tuple[np.ndarray, int, int, int]:
+    """Solve exactly; caps >= 0. Returns ``(chosen mask, DP cells or frontier entries, processes,
+    capacity after dividing by the weights' common divisor)``.
 
-    The sparse path counts frontier entries as its cells (the work of one cell each, about).
+    ``sparse_first`` tries the frontier DP before the dense one (it counts frontier entries as cells).
     """
     divisor = math.gcd(*weights.tolist()) or 1  # chosen weights are multiples: floor every bound
     weights, capacity = weights // divisor, capacity // divisor
     take = np.minimum(take // divisor, capacity)
     skip = np.minimum(skip // divisor, capacity)
-    sparse = solve_sparse(weights, values, capacity, take, skip, SPARSE_MAX_ENTRIES)
+    sparse = solve_sparse(weights, values, capacity, take, skip, SPARSE_MAX_ENTRIES) if sparse_first else None
     if sparse is not None:
-        return (*sparse, 1)
+        return (*sparse, 1, capacity)
     floats = 2 * (capacity + len(weights))
     check_fits(8 * floats, None, f"the capped O(W) solver's profiles (capacity {capacity})")
     if workers > 1 and len(weights) * (capacity + 1) >= options.parallel_min_solve_cells:
         with parallel.PoolExecutor(weights, values, floats, workers, options) as executor:
-            return (*_solve_segments(weights, capacity, take, skip, executor, options), workers)
+            return (*_solve_segments(weights, capacity, take, skip, executor, options), workers, capacity)
     executor = hirschberg.LocalExecutor(weights, values, np.empty(floats), options)
-    return (*_solve_segments(weights, capacity, take, skip, executor, options), 1)
+    return (*_solve_segments(weights, capacity, take, skip, executor, options), 1, capacity)
 
 
 def _tasks(seg: _Segment, take: np.ndarray, skip: np.ndarray, leaf_max_cells: int) -> list[CappedTask]:
