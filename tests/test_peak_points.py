@@ -10,9 +10,12 @@ import pytest
 import torch
 
 from lightning_ckpt.core.candidates import find_candidates
-from lightning_ckpt.core.memory.points import PointMatrix, check_points, peak_points
+from lightning_ckpt.core.memory import fallback
+from lightning_ckpt.core.memory.choose import nested_instance
+from lightning_ckpt.core.memory.points import PeakPoint, PointMatrix, check_points, peak_points
 from lightning_ckpt.core.memory.prefix_form import prefix_form
 from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.solver import solve_knapsack
 from tests.hetero_models import MODELS, profiled
 from tests.test_planner import hand_profile
 from tests.tiny_gpt import GPT, GPTConfig, make_batch
@@ -72,3 +75,42 @@ def test_prefix_form_orders_blocks_as_the_forward_and_bounds_each_recompute():
     # every block has a skip bound (its recompute, its checkpointed forward) above its take bound
     assert all(s >= t for s, t in zip(form.skip_base_bytes, form.take_base_bytes, strict=True))
     assert all(w > 0 for w in form.weight_bytes)
+
+
+def random_nested_points(rng, n: int):
+    """Points nested by construction: prefixes of a random order, some bound to the next candidate."""
+    order = rng.permutation(n)
+    weights = rng.integers(0, 20, n) * (rng.random(n) < 0.8)  # some weightless candidates
+    budget = 100
+    points = []
+    for k in range(n + 1):
+        keep = np.zeros(n, dtype=np.int64)
+        keep[order[:k]] = weights[order[:k]]
+        points.append(PeakPoint(int(rng.integers(0, budget + 1)), keep))
+        if k < n:  # the next candidate's recompute (skip) and backward (take) bounds
+            points.append(PeakPoint(int(rng.integers(0, budget + 1)), keep, when=(int(order[k]), False)))
+            points.append(PeakPoint(int(rng.integers(0, budget + 30)), keep, when=(int(order[k]), True)))
+    return tuple(points), budget
+
+
+def test_nested_points_solve_as_enumeration_does():
+    """The prefix-capacity instance (order, carried caps of candidates that cannot be kept) against
+    enumerating every kept set on the same points."""
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        n = int(rng.integers(1, 8))
+        points, budget = random_nested_points(rng, n)
+        values = rng.uniform(0.0, 1.0, n)
+        form = prefix_form(points)
+        assert form is not None
+        enumerated, _ = fallback.solve_points(points, values, budget, 1)
+        kept = np.zeros(n, dtype=bool)
+        instance = nested_instance(form, values, budget, 1)
+        if instance is not None:
+            items, weights, item_values, capacity, take, skip = instance
+            result = solve_knapsack(
+                weights, item_values, capacity, prefix_capacities=take, skip_capacities=skip
+            )
+            kept[[items[j] for j in result.chosen]] = True
+        assert fallback._fits(fallback.quantize_points(points, budget, 1), kept[None, :])[0]
+        assert values[kept].sum() == pytest.approx(values[enumerated].sum(), abs=1e-12)
