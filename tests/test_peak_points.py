@@ -31,7 +31,7 @@ def tiny_gpt_profile(zero_grad: str = "after_forward"):
     return dataclasses.replace(profile, zero_grad=zero_grad)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(set(MODELS) - {"mixed10"}))  # mixed10: through the plan tests
 def test_points_equal_the_prediction_on_every_kept_set(name):
     profile = profiled(name)
     points = peak_points(profile)
