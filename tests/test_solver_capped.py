@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightning_ckpt.solver import SolverOptions, capped, capped_profile, solve_knapsack, value_profile
+from lightning_ckpt.solver import (
+    SolverOptions,
+    capped,
+    capped_profile,
+    frontier,
+    solve_knapsack,
+    value_profile,
+)
 from tests.test_solver_api import _run_python
 
 
@@ -42,11 +49,14 @@ def assert_optimal(result, weights, values, capacity, take, skip):
     assert result.value == pytest.approx(optimum, rel=1e-9, abs=1e-12)
 
 
-@pytest.fixture(params=["sparse", "dense leaves", "dense splits", "dense compiled"])
+@pytest.fixture(params=["sparse", "sparse pruned", "dense leaves", "dense splits", "dense compiled"])
 def path(request, monkeypatch) -> SolverOptions:
-    """Run on the sparse frontier, on dense leaves, on dense one-item Hirschberg splits, and on dense
-    splits with the numba kernels however small the call."""
-    if request.param != "sparse":
+    """Run on the sparse frontier (pruned by bounds at every step, or not at these sizes), on dense
+    leaves, on dense one-item Hirschberg splits, and on dense splits with the numba kernels however
+    small the call."""
+    if request.param == "sparse pruned":
+        monkeypatch.setattr(frontier, "PRUNE_FROM_ENTRIES", 0)
+    elif request.param != "sparse":
         monkeypatch.setattr(capped, "SPARSE_MAX_ENTRIES", 0)
     if request.param == "dense compiled":
         pytest.importorskip("numba")
@@ -172,3 +182,14 @@ def test_hirschberg_is_dense_auto_tries_the_frontier_first():
     assert auto.value == dense.value == 5.5 and dense.method == "hirschberg"
     assert auto.stats.core_capacity == dense.stats.core_capacity == 10  # divided by the gcd 3
     assert dense.stats.cell_updates > 0
+
+
+def test_pruned_frontier_equals_the_dense_solve_on_a_heterogeneous_stack():
+    from benchmarks.bench.prefix import make_prefix_instance
+
+    p = make_prefix_instance(120, 20_000, seed=2)
+    caps = {"prefix_capacities": p.take, "skip_capacities": p.skip}
+    sparse = solve_knapsack(p.weights, p.values, 20_000, **caps)
+    dense = solve_knapsack(p.weights, p.values, 20_000, method="hirschberg", **caps)
+    assert sparse.stats.cell_updates < dense.stats.cell_updates  # the frontier did it
+    assert sparse.value == pytest.approx(dense.value, rel=1e-12)

@@ -8,8 +8,8 @@ and a backward temporary are alive besides the kept items before it; checkpointe
 temporaries too: caps ``W - own - temp`` (taken) and ``W - own - temp - recompute`` (not taken).
 The additive solve is the same items with the tightest cap as capacity: a feasible, cheaper bound.
 
-Each method runs in a fresh ``python -c`` process (killed past ``--max-seconds``) that loads the
-numba kernels first; times are of the solve call alone, the best of a few calls when it is short.
+Each method runs in a fresh ``python -c`` process (killed past ``--max-seconds``) that loads and calls
+the numba kernels first; times are of the solve call alone, the best of a few calls when it is short.
 Ratios are printed against the additive solve of the same instance, in the same run.
 
 Example:
@@ -75,6 +75,7 @@ def _child(method: str, n: int, capacity: int, seed: int, repeat_budget_s: float
     if value_profile.KERNEL == "numba":  # load the compiled kernels first: steady-state times for all
         value_profile._backend(1 << 62)
         capped_profile._compiled(1 << 62)
+        _warm_up()
     instance = make_prefix_instance(n, capacity, seed)
     args = (instance.weights, instance.values)
     if method == "additive":
@@ -95,6 +96,18 @@ def _child(method: str, n: int, capacity: int, seed: int, repeat_budget_s: float
     mask = np.zeros(n, dtype=bool)
     mask[list(chosen)] = True
     return {"time_s": min(times), "value": float(instance.values[mask].sum()), "fits": _fits(instance, mask)}
+
+
+def _warm_up() -> None:
+    """Call every compiled kernel once (numba loads each from its cache on the first call)."""
+    from lightning_ckpt.solver import SolverOptions, solve_knapsack
+
+    small, deep = make_prefix_instance(12, 1000, seed=1), SolverOptions(leaf_max_cells=0)
+    caps = {"prefix_capacities": small.take, "skip_capacities": small.skip}
+    for method in ("auto", "hirschberg"):
+        solve_knapsack(small.weights, small.values, 1000, method=method, options=deep)
+    solve_knapsack(small.weights, small.values, 1000, method="hirschberg", options=deep, **caps)
+    solve_knapsack(small.weights, small.values, 1000, method="hirschberg", **caps)
 
 
 def _fits(instance: PrefixInstance, mask: np.ndarray) -> bool:

@@ -40,8 +40,8 @@ from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 
 __all__ = ["CappedTask", "cap_violation", "solve_capped"]
 
-SPARSE_MAX_ENTRIES = 1 << 18
-"""The sparse path gives up past this many frontier entries (all items together, a few MB)."""
+SPARSE_MAX_ENTRIES = 1 << 20
+"""The sparse path gives up past this many frontier entries (all items together, ~16 MB)."""
 
 
 @dataclass(frozen=True)
