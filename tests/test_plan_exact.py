@@ -76,3 +76,15 @@ def test_milp_fallback_matches_enumeration(monkeypatch):
         assert how == "milp"
         assert np.dot(solved, values) == pytest.approx(np.dot(enumerated, values), rel=1e-9)
         assert fallback._fits(fallback.quantize_points(points, budget, 64), solved[None, :])[0]
+
+
+def test_a_step_without_candidates_plans_nothing():
+    import dataclasses
+
+    from lightning_ckpt.planner import BudgetTooSmallError
+
+    profile = dataclasses.replace(profiled("mixed"), modules=())
+    peak = predict_peak_bytes(profile, [])
+    assert make_plan(profile, peak).solver_method == "all-fit"
+    with pytest.raises(BudgetTooSmallError):
+        make_plan(profile, peak - 1)

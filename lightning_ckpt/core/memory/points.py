@@ -95,7 +95,9 @@ class PointMatrix:
         totals = self.base + self.keep @ kept.astype(np.int64)
         for row, (literals, nbytes) in self.either:
             totals[row] += nbytes if any(kept[m] == k for m, k in literals) else 0
-        applies = (self.when_index < 0) | (kept[np.maximum(self.when_index, 0)] == self.when_kept)
+        conditional = self.when_index >= 0
+        applies = ~conditional
+        applies[conditional] = kept[self.when_index[conditional]] == self.when_kept[conditional]
         return int(totals[applies].max())
 
 
