@@ -67,20 +67,22 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.bench.fresh", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--n", nargs="+", type=int, default=[8, 48, 200], help="item counts")
-    parser.add_argument("--runs", type=int, default=5, help="fresh processes per figure (median)")
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes per figure")
     args = parser.parse_args(argv)
-    print(
-        f"{'kind':<5} {'n':>4} {'prefix_ms':>10} {'additive_ms':>12} {'ratio':>7} {'import_ms':>10}  numba(prefix/additive)"
-    )
+    print("# median (min) over fresh processes; ratio of the medians")
+    header = f"{'kind':<5} {'n':>4} {'prefix_ms':>16} {'additive_ms':>18} {'ratio':>7} {'import_ms':>10}"
+    print(f"{header}  numba(prefix/additive)")
     for kind in ("GPT", "P"):
         for n in args.n:
             runs = {flag: [_run(kind, n, flag) for _ in range(args.runs)] for flag in (False, True)}
-            solve = {flag: statistics.median(r["solve_s"] for r in rs) * 1e3 for flag, rs in runs.items()}
+            solve = {flag: [r["solve_s"] * 1e3 for r in rs] for flag, rs in runs.items()}
+            median = {flag: statistics.median(times) for flag, times in solve.items()}
+            shown = {flag: f"{median[flag]:.2f} ({min(solve[flag]):.2f})" for flag in solve}
             imported = statistics.median(r["import_s"] for r in runs[False]) * 1e3
             numba = "/".join(str(any(r["numba"] for r in runs[flag])) for flag in (False, True))
+            ratio = median[False] / median[True]
             print(
-                f"{kind:<5} {n:>4} {solve[False]:>10.2f} {solve[True]:>12.2f} {solve[False] / solve[True]:>7.3f}"
-                f" {imported:>10.1f}  {numba}"
+                f"{kind:<5} {n:>4} {shown[False]:>16} {shown[True]:>18} {ratio:>7.3f} {imported:>10.1f}  {numba}"
             )
     return 0
 
