@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -147,3 +148,67 @@ class CharDataModule(L.LightningDataModule):
             generator=generator,
             num_workers=self.hparams.num_workers,
         )
+
+
+class PaddedWindows(RandomWindows):
+    """``RandomWindows`` as a tokenizer with ``padding="max_length"`` gives them: each sample keeps a seeded
+    random length of at least ``min_length`` tokens and is padded with ``pad_id`` after it.
+
+    Items are dicts: ``input_ids``, ``attention_mask`` (0 on padding) and ``labels`` (-100 on padding).
+    """
+
+    def __init__(
+        self,
+        data: torch.Tensor,
+        block_size: int,
+        num_samples: int,
+        seed: int,
+        min_length: int,
+        pad_id: int = 0,
+    ) -> None:
+        super().__init__(data, block_size, num_samples, seed)
+        generator = torch.Generator().manual_seed(seed + 2)
+        self.lengths = torch.randint(min_length, block_size + 1, (num_samples,), generator=generator)
+        self.pad_id = pad_id
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        tokens, _ = super().__getitem__(index)
+        mask = (torch.arange(self.block_size) < self.lengths[index]).long()
+        return {
+            "input_ids": tokens.masked_fill(mask == 0, self.pad_id),
+            "attention_mask": mask,
+            "labels": tokens.masked_fill(mask == 0, -100),
+        }
+
+
+class PaddedCharDataModule(CharDataModule):
+    """``CharDataModule`` with padded dict batches for Hugging Face models (see :class:`PaddedWindows`).
+
+    Args:
+        min_length: the shortest sample before padding (tokens); the rest is drawn up to ``block_size``.
+        **kwargs: the arguments of :class:`CharDataModule`.
+
+    Example:
+        >>> data = PaddedCharDataModule(block_size=8, batch_size=2, max_chars=10_000, train_samples=4,
+        ...                             val_samples=2, min_length=4)
+        >>> data.setup("fit")
+        >>> batch = next(iter(data.train_dataloader()))
+        >>> sorted(batch), tuple(batch["input_ids"].shape), int(batch["attention_mask"].sum()) >= 8
+        (['attention_mask', 'input_ids', 'labels'], (2, 8), True)
+    """
+
+    def __init__(self, min_length: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(min_length, int) or not 1 <= min_length <= self.hparams.block_size:
+            raise ValueError(
+                f"`min_length` must be an integer in [1, block_size={self.hparams.block_size}], got {min_length!r}"
+            )
+        self.save_hyperparameters()
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        text = load_text_bytes(hp.text_path, hp.max_chars)
+        split = int(text.numel() * (1.0 - hp.val_fraction))
+        windows = (hp.block_size, hp.train_samples, hp.seed, hp.min_length)
+        self.train_set = PaddedWindows(text[:split], *windows)
+        self.val_set = PaddedWindows(text[split:], hp.block_size, hp.val_samples, hp.seed + 1, hp.min_length)

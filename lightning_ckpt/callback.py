@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -15,13 +16,21 @@ from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, remove_checkpointing
-from lightning_ckpt.lightning.checks import check_trainer, strategy_checkpointed
+from lightning_ckpt.lightning.checks import (
+    check_single,
+    check_trainer,
+    explain_recompute_error,
+    strategy_checkpointed,
+    take_over_model,
+)
 from lightning_ckpt.lightning.planning import (
     PlanBook,
     any_rank,
     decide_plan,
     log_metrics,
     max_over_ranks,
+    model_signature,
+    non_candidates,
     replanned,
     run_setting,
 )
@@ -42,7 +51,8 @@ class AutoCheckpoint(Callback):
     (activation memory kept for backward on fake tensors, recompute time from forwards that keep nothing),
     solves the keep-or-checkpoint choice exactly as a 0/1 knapsack, wraps the chosen modules with
     non-reentrant checkpointing, and trains on; nothing of that goes over the budget (except a step that
-    cannot run on fake tensors, and FSDP: then that one profiling step runs unchecked, with a warning). Plans are
+    cannot run on fake tensors, or an FSDP module that cannot be rebuilt from its saved hyperparameters: then
+    that one profiling step runs unchecked, with a warning). Plans are
     kept per batch shape, so a shape seen before costs nothing. After the first step with a new plan it
     measures the real peak and, if it is over the budget, re-plans once with the overshoot subtracted.
 
@@ -66,7 +76,7 @@ class AutoCheckpoint(Callback):
         >>> AutoCheckpoint(budget_gb=-1)
         Traceback (most recent call last):
         ...
-        ValueError: `budget_gb` must be a positive finite number of GB, got -1
+        ValueError: `budget_gb` must be a positive finite number of GB up to 1e+09, got -1
     """
 
     def __init__(
@@ -85,8 +95,9 @@ class AutoCheckpoint(Callback):
         self._plan_shapes: BatchShapes | None = None  # the same, kept after the fit for `plan`
         self._meter: track_peak_bytes | None = None
         self._setting: dict[str, Any] | None = None  # what the plans depend on besides the batch shapes
-        self._loaded_setting: dict[str, Any] | None = None
+        self._book_setting: dict[str, Any] | None = None  # the setting and model of the book's plans
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
+        self._model_settings = contextlib.ExitStack()  # undoes what `take_over_model` changed
 
     @property
     def budget_gb(self) -> float:
@@ -121,6 +132,7 @@ class AutoCheckpoint(Callback):
         if stage == "fit":
             self._setting = run_setting(trainer, self.config)
             check_trainer(trainer, pl_module)
+            check_single(trainer, self)
             if any(True for _ in pl_module.children()):  # models built in `configure_model` are checked later
                 find_candidates(pl_module, self.config.targets)  # no candidates: fail now, not at step 1
 
@@ -170,6 +182,7 @@ class AutoCheckpoint(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        explain_recompute_error(exception)
         self.teardown(trainer, pl_module, "fit")  # Lightning runs no teardown after an exception
 
     @override
@@ -179,26 +192,45 @@ class AutoCheckpoint(Callback):
         if stage == "fit" and self._shapes is not None:
             remove_checkpointing(pl_module)
             self._shapes = None
+        if stage == "fit":
+            self._model_settings.close()  # the model's own checkpointing and KV cache as they were
         self._steps_this_fit = 0
 
     @override
     def state_dict(self) -> dict[str, Any]:
         state = self._book.to_state(self._plan_shapes)
-        return {"budget_gb": self.budget_gb, "setting": self._setting, **state}
+        return {"budget_gb": self.budget_gb, "setting": self._book_setting, **state}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._book, self._plan_shapes = PlanBook.from_state(state_dict)
-        self._loaded_setting = state_dict.get("setting")
+        try:
+            self._book, self._plan_shapes = PlanBook.from_state(state_dict)
+        except ValueError as error:
+            rank_zero_warn(
+                f"AutoCheckpoint: the checkpoint's saved plans are unusable ({error}); profiling anew"
+            )
+            self._book, self._plan_shapes = PlanBook(), None
+        self._book_setting = state_dict.get("setting") if isinstance(state_dict, dict) else None
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loaded, self._loaded_setting = self._loaded_setting, None
-        if self._book.plans and loaded != self._setting:  # another precision, strategy, ...: plan anew
+        self._model_settings = take_over_model(pl_module)
+        candidates = self._candidates(pl_module)
+        setting = {**(self._setting or {}), "model": model_signature(pl_module, candidates)}
+        outside = non_candidates(self._book, candidates)
+        other_setting, foreign = any_rank(trainer, setting != self._book_setting, bool(outside))
+        if self._book.plans and other_setting:  # another model, precision, strategy, ...: plan anew
             rank_zero_info(
-                "AutoCheckpoint: the checkpoint's plans were made for another setting; planning anew"
+                "AutoCheckpoint: the saved plans were made for another model or setting; planning anew"
             )
+        elif self._book.plans and foreign:
+            rank_zero_warn(
+                f"AutoCheckpoint: the saved plans name modules that are not candidates of this model"
+                f" ({', '.join(outside[:5])}); profiling anew"
+            )
+        if self._book.plans and (other_setting or foreign):
             self._book, self._plan_shapes = PlanBook(), None
+        self._book_setting = setting
 
     # -- the work, handed to plain functions -------------------------------------------------------------
 
@@ -245,11 +277,15 @@ class AutoCheckpoint(Callback):
         batch_idx: int,
         shapes: BatchShapes,
     ) -> StepProfile:
-        candidates = find_candidates(pl_module, self.config.targets)
-        candidates = [name for name in candidates if name not in strategy_checkpointed(pl_module)]
+        candidates = self._candidates(pl_module)
         profile = profile_in_fit(trainer, pl_module, batch, batch_idx, candidates, self.config.cost)
         self._book.profiles[shapes] = profile
         return profile
+
+    def _candidates(self, pl_module: pl.LightningModule) -> list[str]:
+        """The modules this callback may checkpoint (not those the strategy checkpoints itself)."""
+        own = strategy_checkpointed(pl_module)
+        return [name for name in find_candidates(pl_module, self.config.targets) if name not in own]
 
     def _apply(self, pl_module: pl.LightningModule, plan: CheckpointPlan) -> None:
         """Checkpoint exactly ``plan.checkpointed`` (only what changes is unwrapped or wrapped)."""

@@ -1,7 +1,9 @@
 """The ``lightning-ckpt`` command: ``plan``, and ``bench`` and ``sweep`` from a repository checkout.
 
 ``bench`` and ``sweep`` live in the repository's ``benchmarks/`` (they need its configs and examples),
-not in the installed package. The argument types below are shared by every subcommand.
+not in the installed package. The argument types below are shared by every subcommand. A user error
+(a file it cannot read or write, an input it cannot use) is one line on stderr and exit status 1, never
+a traceback; a bad flag is argparse's usage line and status 2.
 
 Example:
     >>> positive_int("1e6"), positive_float("0.5")
@@ -19,6 +21,7 @@ import importlib
 import math
 import os
 import sys
+from pathlib import Path
 
 _SUBCOMMANDS = {
     "bench": ("benchmarks.bench", "Benchmark the knapsack solvers against PyTorch's."),
@@ -58,7 +61,53 @@ def main(argv: list[str] | None = None) -> int:
             f"lightning-ckpt {name}: run it from the repository checkout (it needs `{error.name}/`)\n"
         )
         return 2
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except (OSError, ValueError) as error:  # a file it cannot read or write, an input it cannot use
+        sys.stderr.write(f"lightning-ckpt {name}: {one_line(error)}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write(f"lightning-ckpt {name}: interrupted\n")
+        return 130
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line: its type where the message alone would not say, whitespace collapsed.
+
+    Example:
+        >>> one_line(PermissionError(13, "Permission denied", "/root/x.json"))
+        "PermissionError: [Errno 13] Permission denied: '/root/x.json'"
+    """
+    text = " ".join(str(error).split())
+    return text if isinstance(error, ValueError) else f"{type(error).__name__}: {text}"
+
+
+def check_output_file(flag: str, text: str | None) -> None:
+    """Refuse at once a file a command would write only at the end: its folder missing or not
+    writable, or itself a folder (writing can still fail later; the commands catch that too).
+
+    Raises:
+        ValueError: naming the flag, the path and the reason.
+
+    Example:
+        >>> check_output_file("--json", "/nonexistent-folder/plan.json")
+        Traceback (most recent call last):
+        ...
+        ValueError: cannot write --json '/nonexistent-folder/plan.json': its folder does not exist
+    """
+    if text is None:
+        return
+    path = Path(text)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        reason = "it is a folder"
+    elif not folder.is_dir():
+        reason = "its folder does not exist"
+    elif not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        reason = "permission denied"
+    else:
+        return
+    raise ValueError(f"cannot write {flag} {text!r}: {reason}")
 
 
 def positive_int(text: str) -> int:

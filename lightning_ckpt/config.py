@@ -7,8 +7,11 @@ their settings from this one frozen dataclass, so a setting means, and is refuse
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from lightning_ckpt.core.candidates import as_target_list
 from lightning_ckpt.core.profile_types import COSTS, Cost
@@ -61,8 +64,10 @@ class AutoCheckpointConfig:
             raise ValueError(f"`cost` must be one of {COSTS}, got {self.cost!r}")
         if self.solver not in METHODS:
             raise ValueError(f"`solver` must be one of {METHODS}, got {self.solver!r}")
-        _check_positive_int("quantum_bytes", self.quantum_bytes)
-        _check_positive_int("workers", self.workers, most=MAX_WORKERS)
+        object.__setattr__(self, "quantum_bytes", _check_positive_int("quantum_bytes", self.quantum_bytes))
+        object.__setattr__(self, "workers", _check_positive_int("workers", self.workers, most=MAX_WORKERS))
+        if not isinstance(self.measure, bool):
+            raise ValueError(f"`measure` must be a bool (True or False), got {self.measure!r}")
         object.__setattr__(self, "budget_gb", float(self.budget_gb))
 
     @property
@@ -73,17 +78,20 @@ class AutoCheckpointConfig:
 
 def _check_budget(budget_gb: Any) -> None:
     if (
-        isinstance(budget_gb, bool)
-        or not isinstance(budget_gb, (int, float))
+        isinstance(budget_gb, (bool, np.bool_))
+        or not isinstance(budget_gb, numbers.Real)
         or not math.isfinite(budget_gb)
         or budget_gb <= 0
         or budget_gb > MAX_BUDGET_GB
     ):
-        raise ValueError(f"`budget_gb` must be a positive finite number of GB, got {budget_gb!r}")
+        raise ValueError(
+            f"`budget_gb` must be a positive finite number of GB up to {MAX_BUDGET_GB:g}, got {budget_gb!r}"
+        )
 
 
-def _check_positive_int(name: str, value: Any, most: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _check_positive_int(name: str, value: Any, most: int | None = None) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
     if most is not None and value > most:
         raise ValueError(f"`{name}` must be a positive integer up to {most}, got {value!r}")
+    return int(value)

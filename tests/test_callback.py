@@ -24,7 +24,7 @@ GB = 1e9
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"budget_gb": -1}, r"`budget_gb` must be a positive finite number of GB, got -1"),
+        ({"budget_gb": -1}, r"`budget_gb` must be a positive finite number of GB up to 1e\+09, got -1"),
         ({"budget_gb": 0}, r"`budget_gb` must be .* got 0"),
         ({"budget_gb": math.nan}, r"`budget_gb` must be .* got nan"),
         ({"budget_gb": math.inf}, r"`budget_gb` must be .* got inf"),
@@ -294,3 +294,70 @@ def test_resumed_run_that_overshoots_profiles_again_and_replans(tmp_path, monkey
             tiny_gpt(), train_dataloaders=token_loader(), ckpt_path=ckpt
         )
     assert callback.plan.replanned and callback.profile is not None
+
+
+def _saved_state(budget_gb: float = 1000) -> dict:
+    callback = AutoCheckpoint(budget_gb=budget_gb)
+    fit(tiny_gpt(), [callback], max_steps=1)
+    return callback.state_dict()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda plan: plan.update(checkpointed=5),
+        lambda plan: plan.pop("budget_bytes"),
+        lambda plan: plan.update(budget_bytes="many"),
+        lambda plan: plan.update(items=[{"name": "transformer.h.0"}]),
+        lambda plan: plan.update(kept=["not.a.module"]),
+    ],
+    ids=["checkpointed-not-a-list", "field-missing", "wrong-type", "item-incomplete", "names-do-not-split"],
+)
+def test_a_damaged_saved_plan_gives_one_warning_and_a_fresh_profile(damage):
+    state = _saved_state()
+    damage(state["plans"][0][1])
+    callback = AutoCheckpoint(budget_gb=1000)
+    with pytest.warns(
+        UserWarning, match=r"the checkpoint's saved plans are unusable \(.*\); profiling anew"
+    ) as caught:
+        callback.load_state_dict(state)
+    assert len(caught) == 1 and callback.plans == {}
+    fit(tiny_gpt(), [callback], max_steps=1)
+    assert callback.profile is not None and callback.plan.kept == tuple(block_names(tiny_gpt()))
+
+
+def test_a_saved_plan_naming_a_non_candidate_is_not_applied(monkeypatch):
+    state = _saved_state(budget_gb=1000)
+    plan = state["plans"][0][1]
+    lm_head = {
+        "name": "lm_head",
+        "activation_bytes": 1,
+        "input_bytes": 1,
+        "recompute_seconds": 0.0,
+        "flops": 0,
+    }
+    plan["items"] = [*plan["items"], lm_head]
+    plan["checkpointed"] = ["lm_head"]
+    callback = AutoCheckpoint(budget_gb=1000)
+    callback.load_state_dict(state)  # well formed: refused only once the model is known
+    wrapped: list[list[str]] = []
+    monkeypatch.setattr(callback_module, "apply_checkpointing", lambda module, names: wrapped.append(names))
+    with pytest.warns(
+        UserWarning, match=r"name modules that are not candidates of this model \(lm_head\); profiling"
+    ):
+        fit(tiny_gpt(), [callback], max_steps=1)
+    assert callback.profile is not None and "lm_head" not in callback.plan.checkpointed and wrapped == []
+
+
+def test_a_second_fit_reuses_plans_for_the_same_model_and_plans_anew_for_another(monkeypatch):
+    callback = AutoCheckpoint(budget_gb=1000)
+    fit(tiny_gpt(), [callback], max_steps=1)
+    first_profile = callback.profile
+    fit(tiny_gpt(), [callback], max_steps=1)  # the same model again: its plan, no new profile
+    assert callback.profile is first_profile
+    fit(tiny_gpt(n_embd=64), [callback], max_steps=1)  # same names, other sizes
+    assert callback.profile is not first_profile
+    wider_items = callback.plan.items
+    fit(tiny_gpt(n_layer=2), [callback], max_steps=1)  # other candidates
+    assert callback.plan.kept == ("transformer.h.0", "transformer.h.1")
+    assert wider_items[0].activation_bytes != first_profile.modules[0].activation_bytes

@@ -67,14 +67,45 @@ def _conv_blocks() -> nn.Module:
     return nn.ModuleList([block(nn.BatchNorm2d(3)), block(nn.GroupNorm(1, 3)), block(nn.BatchNorm2d(3))])
 
 
-def test_running_stats_modules_are_excluded_with_a_reason_unless_allowed(caplog):
-    model = _conv_blocks()
+def test_blocks_with_running_stats_norms_are_candidates():
+    assert find_candidates(_conv_blocks()) == ["0", "1", "2"]
+
+
+class _EncoderDecoder(nn.Module):
+    """Two stacks of different blocks, a list of bare heads, and lists nested inside blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Module()
+        self.encoder.block = nn.ModuleList(_Stage() for _ in range(3))
+        self.decoder = nn.Module()
+        self.decoder.block = nn.ModuleList(nn.Sequential(nn.Linear(2, 2), nn.ReLU()) for _ in range(2))
+        self.heads = nn.ModuleList(nn.Linear(2, 2) for _ in range(4))  # leaves: not a stack of blocks
+
+
+class _Stage(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.ModuleList(nn.Sequential(nn.Linear(2, 2)) for _ in range(5))
+
+
+def test_every_list_of_repeated_blocks_is_taken_and_logged(caplog):
     with caplog.at_level(logging.INFO, logger="lightning_ckpt.core.candidates"):
-        assert find_candidates(model) == ["1"]
-    assert "candidate '0' excluded: BatchNorm2d at '0.1' updates running statistics" in caplog.text
-    assert find_candidates(model, allow_unsafe=True) == ["0", "1", "2"]
-    model[0][1].track_running_stats = False
-    assert find_candidates(model) == ["0", "1"]
+        names = find_candidates(_EncoderDecoder())
+    assert names == [
+        "encoder.block.0",
+        "encoder.block.1",
+        "encoder.block.2",
+        "decoder.block.0",
+        "decoder.block.1",
+    ]
+    assert "encoder.block (3 x _Stage), decoder.block (2 x Sequential)" in caplog.text
+
+
+def test_targets_still_override_the_default():
+    assert find_candidates(_EncoderDecoder(), ["encoder.block.*.inner.*"]) == [
+        f"encoder.block.{i}.inner.{j}" for i in range(3) for j in range(5)
+    ]
 
 
 def test_names_are_stripped_of_wrapper_prefixes(model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,14 @@ def test_settings_are_frozen_and_normalized():
         config.workers = 3  # type: ignore[misc]
 
 
+def test_numpy_numbers_are_taken_as_plain_ones():
+    config = AutoCheckpointConfig(budget_gb=np.float32(2.5), quantum_bytes=np.int64(256), workers=np.int32(2))
+    assert (config.budget_gb, config.quantum_bytes, config.workers) == (2.5, 256, 2)
+    assert (
+        type(config.budget_gb) is float and type(config.quantum_bytes) is int and type(config.workers) is int
+    )
+
+
 def test_callback_keeps_its_settings_in_one_config():
     callback = AutoCheckpoint(budget_gb=3, targets=["Block"], cost="flops")
     assert callback.config == AutoCheckpointConfig(3, ("Block",), cost="flops")
@@ -30,8 +39,21 @@ def test_callback_keeps_its_settings_in_one_config():
     ("kwargs", "match"),
     [
         ({"budget_gb": 1, "workers": 2000}, r"`workers` must be a positive integer up to 1024, got 2000"),
-        ({"budget_gb": 1e300}, r"`budget_gb` must be a positive finite number of GB, got 1e\+300"),
+        (
+            {"budget_gb": 1e300},
+            r"`budget_gb` must be a positive finite number of GB up to 1e\+09, got 1e\+300",
+        ),
         ({"budget_gb": 1, "targets": [3]}, r"`targets` must be None or a list .* got \[3\]"),
+        ({"budget_gb": 1, "measure": "no"}, r"`measure` must be a bool \(True or False\), got 'no'"),
+        ({"budget_gb": 1, "measure": 1}, r"`measure` must be a bool \(True or False\), got 1"),
+        (
+            {"budget_gb": 1, "workers": np.float32(2.0)},
+            r"`workers` must be a positive integer, got np.float32\(2.0\)",
+        ),
+        (
+            {"budget_gb": 1, "quantum_bytes": np.bool_(True)},
+            r"`quantum_bytes` must be a positive integer, got np.True_",
+        ),
     ],
 )
 def test_the_same_refusal_from_the_config_and_the_callback(kwargs, match):

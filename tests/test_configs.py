@@ -11,7 +11,9 @@ from examples.data import CharDataModule
 from examples.gpt import GPT, Block, GPTConfig
 from lightning_ckpt.offline.run_config import load_run_config
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+ALL_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+CONFIGS = [path for path in ALL_CONFIGS if not path.name.startswith("llama-hf")]  # the GPT example's
+HF_CONFIG = ALL_CONFIGS[0].parent / "llama-hf-cpu.yaml"
 _CALLBACK_ARGS = {"budget_gb", "targets", "cost", "solver", "quantum_bytes", "workers"}
 _KEY = re.compile(r"^\s*(- )?[\w.]+:")  # a YAML key, with or without a value on its line
 
@@ -35,7 +37,7 @@ def test_config_parses_and_its_cheap_parts_build(path: Path) -> None:
     assert callback_spec.instantiate().budget_gb == run.autocheckpoint["budget_gb"]
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", ALL_CONFIGS, ids=lambda path: path.name)
 def test_every_key_is_commented(path: Path) -> None:
     lines = path.read_text().splitlines()
     uncommented = [
@@ -66,3 +68,20 @@ def test_ddp_config_is_one_node_bf16_gpt2_small() -> None:
     assert run.trainer["precision"] == "bf16-mixed"
     args = run.model.init_args
     assert (args["n_layer"], args["n_head"], args["n_embd"], args["block_size"]) == (12, 12, 768, 1024)
+
+
+def test_the_llama_config_trains_a_padded_transformers_llama_with_autocheckpoint(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from examples.train import main as train_main
+
+    cli = train_main(
+        ["fit", "--config", str(HF_CONFIG), "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
+         "--trainer.default_root_dir", str(tmp_path),
+         "--data.max_chars", "200000"]
+    )  # fmt: skip
+    callback = next(c for c in cli.trainer.callbacks if type(c).__name__ == "AutoCheckpoint")
+    assert type(cli.model.model).__name__ == "LlamaForCausalLM"
+    assert cli.model.model.config.use_cache  # left on: AutoCheckpoint turns it off in training itself
+    assert callback.plan.checkpointed and len(callback.profile.modules) == 6
+    assert callback.plan.predicted_peak_bytes <= callback.budget_bytes
+    assert cli.trainer.global_step == 3

@@ -6,12 +6,13 @@ import dataclasses
 import os
 import subprocess
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from lightning_ckpt import KnapsackResult, quantize, solve_knapsack
-from lightning_ckpt.solver import SolverOptions, SolveStats
+from lightning_ckpt.solver import SolverOptions, SolveStats, fits
 
 EXACT = ("auto", "hirschberg", "dp", "ilp")
 
@@ -88,6 +89,46 @@ def test_result_is_frozen_and_deterministic():
             r"`method` must be one of 'auto', 'hirschberg', 'dp', 'greedy', 'ilp', got 'fast'",
         ),
         ({"workers": 0}, r"`workers` must be an integral number in \[1, 1024\], got 0"),
+        # exact numbers only: no silent rounding, no bool, no lost mask, no overflow later
+        (
+            {"capacity": np.float32(5.5)},
+            r"`capacity` must be an integral number in \[0, 2\*\*48\], got np.float32\(5.5\)",
+        ),
+        ({"capacity": np.float16(4.5)}, r"`capacity` must be an integral number.*got np.float16\(4.5\)"),
+        ({"capacity": Fraction(11, 2)}, r"`capacity` must be an integral number.*got Fraction\(11, 2\)"),
+        ({"capacity": np.bool_(True)}, r"`capacity` must be an integral number.*got np.True_"),
+        (
+            {"workers": np.float32(2.5)},
+            r"`workers` must be an integral number in \[1, 1024\], got np.float32\(2.5\)",
+        ),
+        ({"workers": True}, r"`workers` must be an integral number in \[1, 1024\], got True"),
+        (
+            {"weights": np.ma.array([1, 2], mask=[False, True])},
+            r"`weights` must be a plain sequence of integral numbers.*got a masked array",
+        ),
+        (
+            {"values": np.ma.array([1.0, 2.0], mask=[True, False])},
+            r"`values` must be a plain sequence of finite real numbers >= 0, got a masked array",
+        ),
+        ({"weights": [1, True]}, r"`weights` must contain only integral numbers.*got True at index 1"),
+        ({"weights": np.array([True, False])}, r"`weights` must contain only integral numbers.*at index 0"),
+        (
+            {"values": [1.0, True]},
+            r"`values` must contain only finite real numbers >= 0, got True at index 1",
+        ),
+        (
+            {"values": [1.0, None]},
+            r"`values` must contain only finite real numbers >= 0, got None at index 1",
+        ),
+        ({"weights": [1, "a"]}, r"`weights` must contain only integral numbers.*got 'a' at index 1"),
+        (
+            {"weights": [1, Fraction(3, 2)]},
+            r"`weights` must contain only integral.*got Fraction\(3, 2\) at index 1",
+        ),
+        (
+            {"values": [1e308, 1e308]},
+            r"`values` must sum to at most 1e\+300 \(so that totals stay finite\), got inf",
+        ),
     ],
 )
 def test_validation_messages(kwargs, message):
@@ -97,12 +138,42 @@ def test_validation_messages(kwargs, message):
         solve_knapsack(arguments["weights"], arguments["values"], arguments["capacity"], **extra)
 
 
+def test_exact_numbers_of_other_types_are_taken():
+    expected = solve_knapsack([1, 2], [1.0, 2.0], 3)
+    assert solve_knapsack([1, 2.0], np.array([1, 2], dtype=np.float16), np.float32(3.0)) == expected
+    assert solve_knapsack([Fraction(1), np.int8(2)], [Fraction(1), 2.0], Fraction(6, 2)) == expected
+
+
+def test_weights_whose_sum_could_overflow_are_refused():
+    with pytest.raises(ValueError, match=r"`weights` must sum to at most 2\*\*62, got 4611967493404098560"):
+        solve_knapsack([2**48] * 16_385, [1.0] * 16_385, 5)
+
+
 def test_dp_refuses_a_table_that_does_not_fit():
     options = SolverOptions(dp_table_limit_bytes=1000)
-    with pytest.raises(MemoryError, match=r"method='dp' \(3 x 1001 table\) needs .* GiB.*'hirschberg'"):
+    with pytest.raises(MemoryError, match=r"method='dp' \(3 x 1001 table\) needs .* GiB.*use method='auto'"):
         solve_knapsack([1, 2], [1.0, 1.0], 1000, method="dp", options=options)
     assert solve_knapsack([1, 2], [1.0, 1.0], 1000, method="hirschberg", options=options).value == 2.0
     assert solve_knapsack([1, 2], [1.0, 1.0], 1000, method="dp").value == 2.0  # the default limit: 2 GiB
+
+
+def test_the_o_w_method_out_of_memory_advises_something_else_than_itself(monkeypatch):
+    monkeypatch.setattr(fits, "available_bytes", lambda: 1000)
+    with pytest.raises(MemoryError, match=r"profiles \(capacity 1000\).*lower the capacity") as caught:
+        solve_knapsack([3, 4, 5] * 300, [4.0, 5.0, 6.0] * 300, 1000, method="hirschberg")
+    assert "method=" not in str(caught.value)
+
+
+def test_ilp_raises_when_it_runs_out_of_time_instead_of_answering():
+    rng = np.random.default_rng(0)
+    weights = rng.integers(100_000, 1_000_000, 300)
+    values = weights + rng.uniform(0, 1000, 300)  # nearly equal ratios: many near-optimal sets
+    tight = SolverOptions(ilp_time_limit_s=0.05)
+    with pytest.raises(
+        TimeoutError, match=r"method='ilp' found no proven optimum within its time limit of 0.05 s"
+    ):
+        solve_knapsack(weights, values, 10**7, method="ilp", options=tight)
+    assert SolverOptions().ilp_time_limit_s == 60.0  # finite by default
 
 
 def test_result_stats_report_the_core():

@@ -22,7 +22,7 @@ def brute_force_profile(weights, values, capacity):
 def full_profile(kernels, weights, values, capacity, out, *grouping):
     """A whole profile from a kernel's ``extend`` (what ``profile.profile`` does)."""
     out[0] = 0.0
-    reach = kernels.extend(weights, values, capacity, out, 0, *(grouping or (1, 1, 1)))
+    reach = kernels.extend(weights, values, capacity, out, 0, *(grouping or (1, 1, 1)), np.zeros(1, np.uint8))
     out[reach + 1 : capacity + 1] = out[reach]
 
 
@@ -62,7 +62,7 @@ def test_leaf_kernels_record_identical_bits_and_optimal_sets():
         weights, values, capacity = random_items(rng)
         bits = [np.zeros((len(weights), capacity // 8 + 1), dtype=np.uint8) for _ in range(2)]
         for kernels, table in zip((numba_kernels, _kernels_numpy), bits, strict=True):
-            kernels.fill_leaf(weights, values, capacity, np.empty(capacity + 1), table)
+            kernels.fill_leaf(weights, values, capacity, np.empty(capacity + 1), table, np.zeros(1, np.uint8))
         np.testing.assert_array_equal(bits[0], bits[1])
         chosen = np.zeros(len(weights), dtype=np.bool_)
         numba_kernels.backtrack(weights, capacity, bits[0], chosen)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import socket
 
 import numpy as np
 import pytest
 
 from lightning_ckpt.solver import SolverOptions, parallel, solve_knapsack
+from lightning_ckpt.solver import workers as solver_workers
 from lightning_ckpt.solver.hirschberg import Task
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
 
@@ -23,6 +25,7 @@ def test_defaults_are_the_measured_values():
         "group_window": 1 << 19,
         "group_items": 8,
         "tile": 2048,
+        "ilp_time_limit_s": 60.0,
     }
     assert SolverOptions() == DEFAULT_OPTIONS and DEFAULT_OPTIONS.grouping == (1 << 19, 8, 2048)
 
@@ -64,6 +67,15 @@ def test_options_are_frozen_normalized_and_picklable():
             {"checkpoint_share": float("inf")},
             r"`SolverOptions.checkpoint_share` must be a finite number >= 0, got inf",
         ),
+        ({"ilp_time_limit_s": 0}, r"`SolverOptions.ilp_time_limit_s` must be a finite number > 0, got 0"),
+        (
+            {"ilp_time_limit_s": float("inf")},
+            r"`SolverOptions.ilp_time_limit_s` must be a finite number > 0, got inf",
+        ),
+        (
+            {"group_items": np.bool_(True)},
+            r"`SolverOptions.group_items` must be an integer in \[1, 1024\], got np.True_",
+        ),
         (
             {"checkpoint_share": None},
             r"`SolverOptions.checkpoint_share` must be a finite number >= 0, got None",
@@ -81,20 +93,25 @@ def test_solve_knapsack_rejects_options_of_another_type():
 
 
 def test_worker_handler_keeps_the_grouping_it_was_sent():
-    """What a worker process does with an ``attach``, a task and a ``detach``, run here."""
+    """What a worker process does with an ``attach`` (its descriptor over a socket), a task and
+    a ``detach``, run here."""
     weights, values = np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5])
     arena = parallel.SharedArena(16)
     options = SolverOptions(group_window=3, group_items=2, tile=1)
-    state: dict = {}
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    state: dict = {"fd_socket": theirs}
     try:
-        parallel._handle(("attach", arena.shm.name, 16, weights, values, options), state)
+        socket.send_fds(ours, [b"f"], [arena.fd])
+        solver_workers._handle(("attach", 16, weights, values, options), state)
         assert state["grouping"] == (3, 2, 1)
-        assert parallel._handle(("task", Task("profile", 0, 3, 5, 0)), state) is None
+        assert solver_workers._handle(("task", Task("profile", 0, 3, 5, 0)), state) is None
         assert arena.array[:6].tolist() == [0.0, 0.0, 3.0, 4.0, 5.5, 7.0]
-        parallel._handle(("detach",), state)
-        assert state == {}
+        solver_workers._handle(("detach",), state)
+        assert state == {"fd_socket": theirs}
     finally:
         arena.close()
+        ours.close()
+        theirs.close()
 
 
 @pytest.mark.parametrize("method", ["auto", "hirschberg"])

@@ -12,7 +12,7 @@ from benchmarks.bench.methods import METHODS
 from benchmarks.bench.prefix import PREFIX_METHODS, format_prefix, run_prefix
 from benchmarks.bench.report import _footer, _header, format_table, write_json, write_plot
 from benchmarks.bench.targets import _format_verdicts, _target_jobs, _targets, _verdict
-from lightning_ckpt.cli import positive_int
+from lightning_ckpt.cli import check_output_file, positive_int
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         0; 1 if a ``--targets`` target was missed; 2 for bad arguments.
+
+    Raises:
+        ValueError: for a ``--plot`` or ``--json`` path it cannot write (``lightning-ckpt`` prints
+            it as one line, before the run).
     """
     parser = _parser()
     try:
@@ -81,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         _check_names(parser, args)
     except SystemExit as exit_request:
         return int(exit_request.code or 0)
+    check_output_file("--plot", args.plot)  # before the run, not after it
+    check_output_file("--json", args.json)
     if args.prefix:
         return _prefix_main(args)
     default_seconds = 600.0 if args.targets else 120.0 if args.paper else 3.0

@@ -54,7 +54,7 @@ from benchmarks.sweep.run import (
     run_sweep,
     time_policies,
 )
-from lightning_ckpt.cli import positive_int
+from lightning_ckpt.cli import check_output_file, positive_int
 from lightning_ckpt.config import AutoCheckpointConfig
 
 __all__ = [
@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         _check_overrides(parser, overrides)
     except SystemExit as exit_request:
         return int(exit_request.code or 0)
+    check_output_file("--plot", args.plot)  # before the sweep, not after it
+    check_output_file("--json", args.json)
     if args.threads:
         torch.set_num_threads(args.threads)
     setup = make_setup(

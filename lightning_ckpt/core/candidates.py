@@ -1,16 +1,18 @@
 """Find the modules that may be checkpointed: the repeated blocks of a model, or user-chosen targets.
 
 Rules:
-- Default: the children of the largest ``nn.ModuleList`` (or ``nn.Sequential``) whose children all have
-  the same class (the transformer layers). Ties go to the one met first in ``named_modules()``.
+- Default: the children of every ``nn.ModuleList`` (or ``nn.Sequential``) of two or more blocks of one
+  class, where a block has submodules of its own (a list of bare ``Linear`` heads is not a stack of
+  blocks): the layers of a decoder-only transformer, the encoder and the decoder of T5, BART or Whisper,
+  each stage of a ResNet or U-Net. A list inside a block of another such list is left out (its outer
+  block is the candidate). The lists taken are logged.
 - ``targets``: class names (``"Block"``) or glob patterns on qualified names (``"transformer.h.*.mlp"``,
   ``fnmatch`` syntax, ``*`` also matches dots). A module matches if its class name equals a target or its
   name matches a target as a glob.
 - Overlaps: when a module and one of its descendants both match, the outermost wins (checkpointing it
   already recomputes the descendant); the dropped descendants are logged.
-- Unsafe: a module that holds a normalization layer tracking running statistics (BatchNorm, SyncBatchNorm,
-  InstanceNorm with ``track_running_stats``) would update them twice in training (forward and
-  recomputation). Such modules are excluded with a logged reason unless ``allow_unsafe=True``.
+- Norms with running statistics (BatchNorm) are safe: the recomputation leaves their statistics as the
+  forward left them (see :func:`lightning_ckpt.core.wrapping.running_stats_frozen`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
-from lightning_ckpt._compat import NormBase
 from lightning_ckpt.core.names import example_names, strip_wrapper_prefixes, stripped_modules
 
 __all__ = ["as_target_list", "find_candidates"]
@@ -29,16 +30,13 @@ __all__ = ["as_target_list", "find_candidates"]
 log = logging.getLogger(__name__)
 
 
-def find_candidates(
-    model: nn.Module, targets: Sequence[str] | None = None, *, allow_unsafe: bool = False
-) -> list[str]:
+def find_candidates(model: nn.Module, targets: Sequence[str] | None = None) -> list[str]:
     """Qualified names of the modules that may be checkpointed, in ``named_modules()`` order.
 
     Args:
         model: any ``nn.Module`` (wrapper prefixes such as ``module.`` or ``_orig_mod.`` are stripped).
         targets: class names or qualified-name globs; ``None`` picks the repeated blocks. A single string
             is taken as one target.
-        allow_unsafe: keep modules that cannot be recomputed faithfully (running-stats norms).
 
     Raises:
         ValueError: if a target matches nothing (the message lists names that exist), or ``targets`` is
@@ -63,9 +61,7 @@ def find_candidates(
         names = _repeated_blocks(model, modules)
     else:
         names = _outermost(_match_targets(model, modules, as_target_list(targets)))
-    if allow_unsafe:
-        return names
-    return [name for name in names if _is_safe(name, modules[name])]
+    return names
 
 
 def as_target_list(targets: Sequence[str] | str) -> list[str]:
@@ -84,20 +80,43 @@ def as_target_list(targets: Sequence[str] | str) -> list[str]:
 
 
 def _repeated_blocks(model: nn.Module, modules: dict[str, nn.Module]) -> list[str]:
-    best: list[str] = []
+    lists: list[str] = []
     for name, module in modules.items():
-        if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) < 2:
-            continue
-        if len({type(child) for child in module}) == 1 and len(module) > len(best):
-            prefix = f"{name}." if name else ""
-            best = [f"{prefix}{index}" for index in range(len(module))]
-    if not best:
+        inside = any(name.startswith(f"{outer}.") for outer in lists) or "" in lists
+        if not inside and _is_block_list(name, module, modules):
+            lists.append(name)
+    if not lists:
         raise ValueError(
-            "`targets` is None, so the blocks of the largest nn.ModuleList of repeated modules are used, "
-            f"but the model has none; pass `targets` (class names or name globs), e.g. one of "
+            "`targets` is None, so the blocks of every nn.ModuleList (or nn.Sequential) of repeated modules"
+            f" are used, but the model has none; pass `targets` (class names or name globs), e.g. one of "
             f"{example_names(model)}"
         )
-    return best
+    log.info(
+        "candidates: the blocks of %s",
+        ", ".join(
+            f"{name or 'the model'} ({len(modules[name])} x {_child_class(name, modules)})" for name in lists
+        ),
+    )
+    return [
+        f"{name}.{index}" if name else str(index) for name in lists for index in range(len(modules[name]))
+    ]
+
+
+def _is_block_list(name: str, module: nn.Module, modules: dict[str, nn.Module]) -> bool:
+    """Two or more blocks of one class (seen through checkpoint/FSDP wrappers), each with submodules."""
+    if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) < 2:
+        return False
+    children = _blocks(name, module, modules)
+    return len({type(child) for child in children}) == 1 and any(True for _ in children[0].children())
+
+
+def _blocks(name: str, module: nn.Module, modules: dict[str, nn.Module]) -> list[nn.Module]:
+    prefix = f"{name}." if name else ""
+    return [modules.get(f"{prefix}{index}", child) for index, child in enumerate(module)]
+
+
+def _child_class(name: str, modules: dict[str, nn.Module]) -> str:
+    return type(_blocks(name, modules[name], modules)[0]).__name__
 
 
 def _match_targets(model: nn.Module, modules: dict[str, nn.Module], targets: list[str]) -> list[str]:
@@ -130,18 +149,3 @@ def _outermost(names: list[str]) -> list[str]:
                 "candidate %r dropped: its ancestor %r is a candidate too (outermost wins)", name, ancestor
             )
     return kept
-
-
-def _is_safe(name: str, module: nn.Module) -> bool:
-    for inner_name, inner in module.named_modules():
-        if isinstance(inner, NormBase) and inner.track_running_stats:
-            where = f"{name}.{inner_name}" if inner_name else name
-            log.info(
-                "candidate %r excluded: %s at %r updates running statistics again when recomputed "
-                "(pass allow_unsafe=True to keep it)",
-                name,
-                type(inner).__name__,
-                where,
-            )
-            return False
-    return True

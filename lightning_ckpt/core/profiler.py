@@ -15,10 +15,12 @@ storage, on real or fake tensors.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -99,9 +101,20 @@ def profile_step(
         recorder = Recorder(modules, excluded, FlopCounterMode(display=False), params)
         with recorder.recording():
             loss = step_fn()
+            recorder.start_backward()
             recorder.tracker.enter_phase(_HEAD)
             _backward(loss)
             held_after_backward = recorder.tracker.live_bytes  # the loss (and copies) the loop still holds
+        repeated = _called_more_than_once(recorder)
+        if repeated:
+            return profile_step(
+                model,
+                step_fn,
+                [c for c in candidates if c not in repeated],
+                cost,
+                optimizer=optimizer,
+                batch=batch,
+            )
         working = forward_working_sets(modules, step_fn)
         seconds = _timed_forwards(modules, step_fn) if cost == "time" else dict.fromkeys(modules, 0.0)
     profile = _build_profile(model, recorder, seconds, optimizer)
@@ -111,6 +124,28 @@ def profile_step(
         after_backward_bytes=int(held_after_backward),
         batch_bytes=unique_storage_bytes(tree_leaves(batch)),
     )
+
+
+def _called_more_than_once(recorder: Recorder) -> list[str]:
+    """Candidates to leave out, with a warning: those called more than once in the forward (shared
+    blocks: the memory model has one forward span per candidate), and those the backward calls again
+    (checkpointed already, e.g. by ``torch.utils.checkpoint`` in the user's code)."""
+    calls = collections.Counter(name for _, name, _ in recorder.call_starts)
+    repeated = [name for name in recorder.modules if calls[name] > 1]
+    if repeated:
+        warnings.warn(
+            f"candidate module(s) {repeated} run more than once per forward (shared weights): they are left"
+            " out of the plan and never checkpointed (a checkpoint per call is not modelled)",
+            stacklevel=3,
+        )
+    recomputed = [name for name in recorder.modules if name in recorder.recomputed and name not in repeated]
+    if recomputed:
+        warnings.warn(
+            f"candidate module(s) {recomputed} are recomputed in the backward, so something checkpoints them"
+            " already (torch.utils.checkpoint in the model's code?): they are left out of the plan",
+            stacklevel=3,
+        )
+    return repeated + recomputed
 
 
 def _refuse_checkpointed(model: nn.Module) -> None:

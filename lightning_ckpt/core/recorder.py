@@ -141,7 +141,16 @@ class Recorder:
         self.stack: list[tuple[str, int, bool]] = []  # (candidate, flops at entry, autocast on)
         self.rows: list[StorageRow] = []
         self.flops: dict[str, int] = dict.fromkeys(modules, 0)
+        self.in_backward = False  # set by `start_backward` when the forward has returned the loss
+        self._counting_flops = contextlib.ExitStack()
+        self.recomputed: set[str] = set()  # candidates called again in the backward (checkpointed already)
         self._live_rows: dict[int, StorageRow] = {}
+
+    def start_backward(self) -> None:
+        """The forward has returned the loss: stop counting flops (the flop counter's module tracker would
+        keep a recomputation's tensors alive to the end of the backward) and recording forward calls."""
+        self.in_backward = True
+        self._counting_flops.close()
 
     def _next(self) -> int:
         self.seq += 1
@@ -161,6 +170,9 @@ class Recorder:
 
     def _pre_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self.in_backward:  # a recomputation (the user's own checkpoint): a transient of the backward
+                self.recomputed.add(name)
+                return
             seq = self._next()
             for tensor in tree_leaves((args, kwargs)):
                 row = self._row(tensor)
@@ -174,6 +186,8 @@ class Recorder:
 
     def _post_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if self.in_backward:
+                return
             self._next()
             while self.stack:  # always_call: also runs when the forward raised
                 popped, flops_at_entry, _ = self.stack.pop()
@@ -186,7 +200,9 @@ class Recorder:
 
         return hook
 
-    def _pack(self, tensor: torch.Tensor) -> tuple[int, str | None, torch.Tensor]:
+    def _pack(self, tensor: torch.Tensor) -> tuple[int | None, str | None, torch.Tensor]:
+        if self.in_backward:  # saved by a recomputation in the backward: not a forward save
+            return None, None, tensor
         seq = self._next()
         owner, _, autocast = self.stack[-1] if self.stack else (None, 0, False)
         storage = storage_of(tensor)
@@ -197,9 +213,9 @@ class Recorder:
             row.saves.append((owner, seq))
         return seq, owner, tensor
 
-    def _unpack(self, packed: tuple[int, str | None, torch.Tensor]) -> torch.Tensor:
+    def _unpack(self, packed: tuple[int | None, str | None, torch.Tensor]) -> torch.Tensor:
         seq, owner, tensor = packed
-        if self.tracker.phase != (seq, owner):
+        if seq is not None and self.tracker.phase != (seq, owner):
             self.tracker.enter_phase((seq, owner))
         return tensor
 
@@ -216,10 +232,11 @@ class Recorder:
                     module.register_forward_hook(self._post_hook(name), with_kwargs=True, always_call=True)
                 )
             with (
-                self.flop_counter,
                 self.tracker,
                 torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
+                self._counting_flops,
             ):
+                self._counting_flops.enter_context(self.flop_counter)
                 yield self
         finally:
             for handle in handles:

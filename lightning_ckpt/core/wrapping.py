@@ -49,7 +49,7 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-from lightning_ckpt._compat import CHECKPOINT_WRAPPER_CLASS, checkpoint_region, composable_api_names
+from lightning_ckpt._compat import CHECKPOINT_WRAPPER_CLASS, NormBase, checkpoint_region, composable_api_names
 from lightning_ckpt.core.names import outer_modules, resolve_modules, strip_wrapper_prefixes
 
 __all__ = [
@@ -67,6 +67,48 @@ _STATE = "_lightning_ckpt_checkpoint"
 """Instance attribute holding a module's :class:`_Checkpoint` (a plain attribute: not in ``state_dict``)."""
 
 
+last_recomputed: str | None = None
+"""The name of the checkpointed module whose recomputation ran last (to name it in an error)."""
+
+
+def recompute_failure_note(name: str) -> str:
+    """What to tell a user whose checkpointed module ``name`` did something else when recomputed."""
+    return (
+        f"(while recomputing checkpointed module {name!r} in backward: its second call must compute what the"
+        " first did. A cache or other state written in forward breaks that: pass use_cache=False in training,"
+        " or leave the module out of `targets`.)"
+    )
+
+
+@contextlib.contextmanager
+def running_stats_frozen(module: nn.Module) -> Iterator[None]:
+    """Leave the running statistics of ``module``'s norms (BatchNorm, ...) as they were before the block.
+
+    A recomputation normalizes with the batch's statistics as the forward did; only the running mean,
+    variance and batch count would be updated a second time.
+
+    Example:
+        >>> import torch
+        >>> norm = torch.nn.BatchNorm1d(2)
+        >>> with running_stats_frozen(norm):
+        ...     _ = norm(torch.randn(4, 2))
+        >>> norm.running_mean.tolist(), int(norm.num_batches_tracked)
+        ([0.0, 0.0], 0)
+    """
+    norms = [m for m in module.modules() if isinstance(m, NormBase) and m.track_running_stats and m.training]
+    saved = [
+        [(b, b.clone()) for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+        for m in norms
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffers in saved:
+                for buffer, value in buffers:
+                    buffer.copy_(value)
+
+
 class _ReplayDone(BaseException):
     """Ends a recomputation at the closing hook (a BaseException: ``Module.__call__`` lets it through)."""
 
@@ -78,7 +120,8 @@ class _Checkpoint:
     its own hooks on its own modules.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.handles: list[RemovableHandle] = []
         self.regions: list[Generator[None, None, None] | None] = []
         self.replaying = 0
@@ -111,11 +154,17 @@ class _Checkpoint:
 
     def replay(self, module: nn.Module, kwargs: dict[str, Any], *args: Any) -> None:
         """Recompute the region in backward: the module's call (pre-hooks, forward) up to :meth:`finish`."""
+        global last_recomputed
+        last_recomputed = self.name
         self.replaying += 1
         try:
-            module(*args, **kwargs)
+            with running_stats_frozen(module):
+                module(*args, **kwargs)
         except _ReplayDone:
             pass
+        except Exception as error:
+            error.add_note(recompute_failure_note(self.name))
+            raise
         finally:
             self.replaying -= 1
 
@@ -129,8 +178,8 @@ def _warn_compiled(module: nn.Module) -> None:
     )
 
 
-def _wrap(module: nn.Module) -> None:
-    state = _Checkpoint()
+def _wrap(module: nn.Module, name: str) -> None:
+    state = _Checkpoint(name)
     setattr(module, _STATE, state)  # first, so that `_unwrap` undoes a failure in between
     state.handles.append(module.register_forward_pre_hook(state.start, prepend=True, with_kwargs=True))
     state.handles.append(module.register_forward_hook(state.finish, prepend=True, always_call=True))
@@ -195,7 +244,7 @@ def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:
                 warnings.warn(f"module {name!r} is already checkpointed; not wrapping it twice", stacklevel=2)
                 continue
             wrapped.append(name)  # before `_wrap`, so that a failure inside it is undone too
-            _wrap(module)
+            _wrap(module, name)
     except BaseException:
         for name in wrapped:
             _unwrap(modules[name])

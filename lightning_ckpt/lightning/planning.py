@@ -26,6 +26,8 @@ __all__ = [
     "heaviest_rank",
     "log_metrics",
     "max_over_ranks",
+    "model_signature",
+    "non_candidates",
     "replanned",
 ]
 
@@ -144,6 +146,23 @@ def run_setting(trainer: pl.Trainer, config: AutoCheckpointConfig) -> dict[str, 
     }
 
 
+def model_signature(pl_module: torch.nn.Module, candidates: list[str]) -> dict[str, Any]:
+    """What identifies the model a plan was made for: its class, its candidates, its parameter count
+    (lazy parameters, still without a shape, count as none)."""
+    parameters = (p for p in pl_module.parameters() if not torch.nn.parameter.is_lazy(p))
+    return {
+        "class": type(pl_module).__qualname__,
+        "candidates": list(candidates),
+        "parameters": sum(p.numel() for p in parameters),
+    }
+
+
+def non_candidates(book: PlanBook, candidates: list[str]) -> list[str]:
+    """Names in the book's plans that are not among ``candidates`` (a damaged or foreign plan)."""
+    named = {name for plan in book.plans.values() for name in (*plan.checkpointed, *plan.kept)}
+    return sorted(named - set(candidates))
+
+
 def replanned(plan: CheckpointPlan, budget_bytes: int, measured_peak_bytes: int | None) -> CheckpointPlan:
     """Mark a plan as the result of the one re-plan, reporting the user's budget (not the reduced one)."""
     data = plan.to_dict() | {
@@ -187,13 +206,23 @@ class PlanBook:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> tuple[PlanBook, BatchShapes | None]:
-        """Inverse of :meth:`to_state`: the book and the shapes in force."""
-        plans = {
-            _shapes_from_lists(shapes): CheckpointPlan.from_dict(plan)
-            for shapes, plan in state.get("plans", [])
-        }
-        current = state.get("current_shapes")
-        return cls(plans), None if current is None else _shapes_from_lists(current)
+        """Inverse of :meth:`to_state`: the book and the shapes in force.
+
+        Raises:
+            ValueError: for state that :meth:`to_state` cannot have written (a damaged checkpoint).
+        """
+        try:
+            plans = {
+                _shapes_from_lists(shapes): CheckpointPlan.from_dict(plan)
+                for shapes, plan in state.get("plans", [])
+            }
+            current = state.get("current_shapes")
+            current = None if current is None else _shapes_from_lists(current)
+        except (TypeError, AttributeError, KeyError) as error:  # a wrong type somewhere in the nesting
+            raise ValueError(f"the saved plans are not what AutoCheckpoint writes ({error})") from None
+        if current is not None and current not in plans:
+            raise ValueError("the saved `current_shapes` have no saved plan")
+        return cls(plans), current
 
 
 def _shapes_to_lists(shapes: BatchShapes) -> list[list[Any]]:
@@ -201,4 +230,6 @@ def _shapes_to_lists(shapes: BatchShapes) -> list[list[Any]]:
 
 
 def _shapes_from_lists(data: list[list[Any]]) -> BatchShapes:
-    return tuple((tuple(int(n) for n in shape), str(dtype)) for shape, dtype in data)
+    if not all(isinstance(n, int) and n >= 0 for shape, _ in data for n in shape):
+        raise TypeError(f"batch shapes must be lists of sizes, got {data!r:.80}")
+    return tuple((tuple(shape), str(dtype)) for shape, dtype in data)

@@ -6,10 +6,13 @@
   the same way.
 - **Time** comes from forwards under ``torch.no_grad()``: nothing is kept for backward, so the timing run
   needs less memory than any checkpointed step.
+- **FSDP**: the sharded flat parameters have no full-size fake twin, so the memory half runs on a fake
+  twin built from the module's class and saved hyperparameters (:mod:`lightning_ckpt.lightning.fsdp_twin`),
+  with the strategy's sharded static memory.
 - **Fallback**: a step that cannot run on fake tensors (a ``.item()`` or data-dependent branch in
-  ``training_step`` or the model) and FSDP (whose sharded parameters have no full-size twin here) are
-  profiled on real tensors as one unchecked step, with a warning on every rank that does it: that step is
-  not held to the budget (the optimizer step is still measured on fake twins).
+  ``training_step`` or the model), and an FSDP module that cannot be rebuilt from its hyperparameters,
+  are profiled on real tensors as one unchecked step, with a warning on every rank that does it: that
+  step is not held to the budget (the optimizer step is still measured on fake twins).
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import torch
 
 from lightning_ckpt._compat import collect_rng_states, set_rng_states, tree_leaves
 from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
+from lightning_ckpt.core.hf_models import unpacked_positions_on_fake_tensors
 from lightning_ckpt.core.memory.static import ModelSizes, ddp_static
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.core.profiler import profile_step, time_forwards
 from lightning_ckpt.core.wrapping import checkpointing_removed
+from lightning_ckpt.lightning.fsdp_twin import fsdp_twin_profile
 from lightning_ckpt.lightning.step import (
     PrecisionOnlyTrainer,
     no_gradient_sync,
@@ -66,9 +71,10 @@ def profile_in_fit(
     """
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
     with checkpointing_removed(pl_module):
-        profile = (
-            None if _is_fsdp(trainer) else _fake_profile(trainer, pl_module, batch, candidates, optimizer)
-        )
+        if _is_fsdp(trainer):
+            profile = _fsdp_profile(trainer, pl_module, batch, candidates, optimizer)
+        else:
+            profile = _fake_profile(trainer, pl_module, batch, candidates, optimizer)
         if profile is None:
             return _with_strategy_memory(
                 _real_profile(trainer, pl_module, batch, batch_idx, candidates, cost, optimizer), trainer
@@ -84,7 +90,7 @@ def _fake_profile(
     """The memory profile on fake tensors, or None (with a warning) when the step cannot run on them."""
     plugin = trainer.precision_plugin
     try:
-        with _rng_untouched(), fake_model(pl_module) as fake:
+        with _rng_untouched(), fake_model(pl_module) as fake, unpacked_positions_on_fake_tensors(batch):
             fake_batch = fake.fake(batch)
             step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), pl_module, fake_batch, 0)
             profile = profile_step(
@@ -98,6 +104,19 @@ def _fake_profile(
             stacklevel=2,
         )
         return None
+    return dataclasses.replace(profile, optimizer_step_bytes=optimizer_bytes)
+
+
+def _fsdp_profile(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, candidates: Sequence[str], optimizer: Any
+) -> StepProfile | None:
+    """FSDP: memory on a fake full-size twin (static memory sharded), the optimizer step's temporaries on
+    fake twins of the live sharded parameters."""
+    profile = fsdp_twin_profile(trainer, pl_module, batch, candidates)
+    if profile is None:
+        return None
+    with fake_model(pl_module) as fake:
+        optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)
     return dataclasses.replace(profile, optimizer_step_bytes=optimizer_bytes)
 
 

@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from lightning_ckpt.cli import positive_float, positive_int
+from lightning_ckpt.cli import check_output_file, one_line, positive_float, positive_int
 from lightning_ckpt.offline.plan import plan_offline
 
 __all__ = ["main"]
@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set data.init_args.batch_size=16 (repeatable)",
     )
-    parser.add_argument("--json", type=Path, help="also write the plan and its context to this JSON file")
+    parser.add_argument("--json", help="also write the plan and its context to this JSON file")
     return parser
 
 
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to ..."
     try:
+        check_output_file("--json", args.json)
         result = plan_offline(
             args.config,
             overrides=[part for pair in args.set for part in pair],
@@ -60,10 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             tflops=args.tflops,
         )
     except ValueError as error:  # BudgetTooSmallError included: its message names the smallest budget
-        sys.stderr.write(f"lightning-ckpt plan: {error}\n")
+        sys.stderr.write(f"lightning-ckpt plan: {one_line(error)}\n")
         return 1
     sys.stdout.write(f"{result}\n")
     if args.json is not None:
-        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        except OSError as error:
+            sys.stderr.write(f"lightning-ckpt plan: cannot write --json: {one_line(error)}\n")
+            return 1
         sys.stdout.write(f"wrote {args.json}\n")
     return 0

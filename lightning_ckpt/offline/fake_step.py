@@ -122,6 +122,7 @@ def _fake_profile(run: RunConfig, targets: Sequence[str] | None, batch: Any) -> 
     with mode:
         with _default_dtype(compute_dtype):
             model = run.model.instantiate()
+            model.configure_model()  # models that build their layers there (as FSDP runs do)
         fake_batch = tree_map_only(torch.Tensor, mode.from_tensor, batch)
         optimizer = _configured_optimizer(model)
         profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer)

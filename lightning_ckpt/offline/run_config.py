@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import yaml
 from lightning.pytorch.cli import LightningCLI
 
 from lightning_ckpt._compat import convert_precision
@@ -39,7 +40,21 @@ class ClassSpec:
         return getattr(importlib.import_module(module_name), class_name)
 
     def instantiate(self) -> Any:
-        return self.load_class()(**self.init_args)
+        """The object the config describes.
+
+        Raises:
+            ValueError: when the class refuses its ``init_args`` (its own error, named, for any type).
+        """
+        cls = self.load_class()
+        try:
+            return cls(**self.init_args)
+        except ValueError:
+            raise
+        except Exception as error:  # the config's values, refused by the user's class in its own way
+            reason = " ".join(str(error).split())
+            raise ValueError(
+                f"{self.class_path}(**init_args) failed: {type(error).__name__}: {reason}"
+            ) from error
 
 
 @dataclass(frozen=True)
@@ -91,10 +106,10 @@ def load_run_config(config_path: str | Path, overrides: list[str] | None = None)
     """Parse a LightningCLI YAML config (plus ``--key value`` overrides) into a :class:`RunConfig`.
 
     Raises:
-        ValueError: if the file does not exist or does not parse (LightningCLI needs ``model`` and ``data``).
+        ValueError: if the file does not exist, cannot be read, is empty or not a YAML mapping, or does not
+            parse (LightningCLI needs ``model`` and ``data``); the message says which.
     """
-    if not Path(config_path).is_file():
-        raise ValueError(f"`config` must name an existing YAML file, got {str(config_path)!r}")
+    _check_yaml_file(Path(config_path))
     config = _parse(str(config_path), list(overrides or []))
     trainer = {key: _spec_or_value(value) for key, value in (config.get("trainer") or {}).items()}
     return RunConfig(
@@ -105,10 +120,31 @@ def load_run_config(config_path: str | Path, overrides: list[str] | None = None)
     )
 
 
+def _check_yaml_file(path: Path) -> None:
+    """Refuse, with the reason, a config that is missing, unreadable, empty, not YAML or not a mapping."""
+    if not path.is_file():
+        raise ValueError(f"`config` must name an existing YAML file, got {str(path)!r}")
+    try:
+        with path.open() as handle:
+            data = yaml.safe_load(handle)
+    except OSError as error:
+        raise ValueError(f"`config` {str(path)!r} cannot be read: {error.strerror}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        reason = " ".join(str(error).split())
+        raise ValueError(f"`config` {str(path)!r} is not valid YAML: {reason}") from None
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ValueError(
+            f"`config` {str(path)!r} must be a YAML mapping with at least `model:` (and usually `data:` and"
+            f" `trainer:`), got {got}"
+        )
+
+
 def _parse(config_path: str, overrides: list[str]) -> dict[str, Any]:
     """LightningCLI's parse of the config as plain data; its errors become ``ValueError`` (no exit)."""
     with warnings.catch_warnings():  # LightningCLI warns that sys.argv is not what it parses: intended
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        warnings.filterwarnings("ignore", message="No seed found")  # it still seeds (0): a line of noise
         try:
             cli = _ParseOnlyCLI(
                 L.LightningModule,
@@ -121,8 +157,9 @@ def _parse(config_path: str, overrides: list[str]) -> dict[str, Any]:
                 parser_kwargs={"exit_on_error": False},
             )
         except argparse.ArgumentError as error:
+            reason = " ".join(str(error).split())  # one line
             raise ValueError(
-                f"the config {config_path!r} (with overrides {overrides}) does not parse: {error}"
+                f"the config {config_path!r} (with overrides {overrides}) does not parse: {reason}"
             ) from None
     return cli.config.as_dict()
 

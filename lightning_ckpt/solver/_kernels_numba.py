@@ -84,13 +84,14 @@ def _apply_group(out, group_w, group_v, k_items, hi, tile):  # pragma: no cover 
 
 
 @_jit
-def extend(weights, values, capacity, out, reach, window, k_max, tile):  # pragma: no cover - compiled
+def extend(weights, values, capacity, out, reach, window, k_max, tile, stop):  # pragma: no cover - compiled
     """Apply the items to ``out``, whose entries ``0..reach`` hold a profile; return the new
-    reach (entries above it are left unfilled)."""
+    reach (entries above it are left unfilled). Returns early, the profile unfinished, once
+    ``stop[0]`` is set (checked before each group of items)."""
     group_w = np.empty(k_max, dtype=np.int64)
     group_v = np.empty(k_max, dtype=np.float64)
     i, n = 0, len(weights)
-    while i < n:
+    while i < n and stop[0] == 0:
         k, total = 0, 0
         while i < n and k < k_max:
             w = weights[i]
@@ -118,11 +119,13 @@ def extend(weights, values, capacity, out, reach, window, k_max, tile):  # pragm
 
 
 @_jit
-def fill_leaf(weights, values, capacity, out, keep_bits):  # pragma: no cover - compiled
+def fill_leaf(weights, values, capacity, out, keep_bits, stop):  # pragma: no cover - compiled
     out[0] = 0.0
     reach = 0
     for i in range(len(weights)):
         w = weights[i]
+        if stop[0] != 0:
+            return
         if w > capacity:
             continue
         new_reach = min(capacity, reach + w)

@@ -10,15 +10,26 @@ import numpy as np
 
 
 def extend(
-    weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray, reach: int, *_grouping: int
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    out: np.ndarray,
+    reach: int,
+    _window: int,
+    _k_max: int,
+    _tile: int,
+    stop: np.ndarray,
 ) -> int:
     """Apply the items to ``out``, whose entries ``0..reach`` hold a profile; return the new
-    reach (see ``value_profile.profile``; entries above it are left unfilled).
+    reach (see ``value_profile.profile``; entries above it are left unfilled). Returns early,
+    the profile unfinished, once ``stop[0]`` is set (checked before each item).
 
-    ``_grouping`` (window, items, tile of the numba kernel's grouped sweep) is ignored here:
+    The grouping (window, items, tile of the numba kernel's grouped sweep) is ignored here:
     item by item gives the same numbers.
     """
     for w, v in zip(weights.tolist(), values.tolist(), strict=True):
+        if stop[0]:
+            break
         if w > capacity:
             continue
         new_reach = min(capacity, reach + w)
@@ -39,13 +50,21 @@ def _improved(out: np.ndarray, w: int, v: float, hi: int) -> np.ndarray:
 
 
 def fill_leaf(
-    weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray, keep_bits: np.ndarray
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    out: np.ndarray,
+    keep_bits: np.ndarray,
+    stop: np.ndarray,
 ) -> None:
-    """Like ``profile``, also setting bit ``c`` of ``keep_bits[i]`` where item ``i`` improved ``c``."""
+    """Like ``profile``, also setting bit ``c`` of ``keep_bits[i]`` where item ``i`` improved ``c``
+    (stops early, unfinished, once ``stop[0]`` is set)."""
     out[0] = 0.0
     reach = 0
     row = np.zeros(keep_bits.shape[1] * 8, dtype=np.bool_)
     for i, (w, v) in enumerate(zip(weights.tolist(), values.tolist(), strict=True)):
+        if stop[0]:
+            return
         if w > capacity:
             continue
         new_reach = min(capacity, reach + w)

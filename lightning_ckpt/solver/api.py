@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightning_ckpt.solver import baselines, capped, hirschberg, parallel
+from lightning_ckpt.solver import baselines, capped, hirschberg, interrupt, parallel
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import SolverOptions, resolve_options
 from lightning_ckpt.solver.reduce import Core, reduce_instance
@@ -102,7 +104,8 @@ def solve_knapsack(
         method: ``"auto"`` (exact, reductions then the fastest exact path), ``"hirschberg"``
             (exact, dense O(W)-memory DP), ``"dp"`` (exact, full table, refuses large ones),
             ``"greedy"`` (ratio heuristic) or ``"ilp"`` (exact via scipy's MILP).
-        workers: Processes for the exact O(W) paths; the answer does not depend on it.
+        workers: Processes for the exact O(W) paths, capped (with a warning) at the CPUs this
+            process may use; the answer does not depend on it.
         options: Tunables (``SolverOptions``; None: the defaults); the answer does not depend
             on them either.
         prefix_capacities: Per item ``i``, the most the chosen items before ``i`` (in the given
@@ -121,6 +124,10 @@ def solve_knapsack(
         MemoryError: when the needed memory exceeds what is available (or, for ``"dp"``,
             ``options.dp_table_limit_bytes``).
         ImportError: for ``"ilp"`` without scipy.
+        TimeoutError: for ``"ilp"`` when it proves no optimum within ``options.ilp_time_limit_s``.
+        KeyboardInterrupt: at once on Ctrl-C, also during a long solve (its worker processes
+            are then stopped; later solves start fresh ones).
+        RuntimeError: when a worker process dies during the solve (the next solve starts fresh).
 
     Example:
         >>> result = solve_knapsack([2, 3, 4], [3.0, 4.0, 5.5], 5, method="hirschberg")
@@ -138,6 +145,7 @@ def solve_knapsack(
     """
     weight_array, value_array, capacity = validate_inputs(weights, values, capacity, method, workers)
     caps = validate_caps(prefix_capacities, skip_capacities, len(weight_array), capacity, method)
+    workers = _usable_workers(int(workers))
     options = resolve_options(options)
     n = len(weight_array)
     stats = SolveStats(method, KERNEL, n, capacity, core_items=n, core_capacity=capacity)
@@ -147,9 +155,11 @@ def solve_knapsack(
         chosen, stats = _solve_exact(weight_array, value_array, capacity, stats, workers, options)
     elif method == "dp":
         chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)
+    elif method == "ilp":
+        ilp = lambda: baselines.ilp(weight_array, value_array, capacity, options.ilp_time_limit_s)  # noqa: E731
+        chosen = interrupt.run_interruptibly(ilp, None)
     else:
-        solver = baselines.greedy if method == "greedy" else baselines.ilp
-        chosen = solver(weight_array, value_array, capacity)
+        chosen = baselines.greedy(weight_array, value_array, capacity)
     result = _result(weight_array, value_array, chosen, stats)
     if result.weight > capacity:  # a last guard: no method may ever answer over the capacity
         raise AssertionError(f"solver {method!r} chose weight {result.weight} over capacity {capacity}")
@@ -165,12 +175,16 @@ def _solve_with_caps(
     workers: int,
     options: SolverOptions,
 ) -> KnapsackResult:
-    """The capped solver (``capped.py``), and a last guard that no cap is broken."""
+    """The capped solver (``capped.py``, in a helper thread: Ctrl-C stops it), and a last guard
+    that no cap is broken."""
     chosen, cells, used, core_capacity = np.zeros(0, dtype=np.bool_), 0, 1, 0
     if len(weights):
-        sparse_first = stats.method == "auto"  # "hirschberg": the dense O(W) path only
-        chosen, cells, used, core_capacity = capped.solve_capped(
-            weights, values, capacity, *caps, workers, options, sparse_first=sparse_first
+        stop, sparse_first = interrupt.new_stop_flag(), stats.method == "auto"  # "hirschberg": dense only
+        solve = lambda: capped.solve_capped(  # noqa: E731
+            weights, values, capacity, *caps, workers, options, sparse_first=sparse_first, stop=stop
+        )
+        chosen, cells, used, core_capacity = interrupt.run_interruptibly(
+            solve, stop, uses_workers=workers > 1
         )
     broken = capped.cap_violation(weights, chosen, capacity, *caps)
     if broken is not None:
@@ -201,17 +215,39 @@ def _solve_exact(
 
 
 def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.ndarray, int, int]:
-    """Hirschberg on the reduced instance: ``(chosen mask, cell updates, processes used)``."""
+    """Hirschberg on the reduced instance: ``(chosen mask, cell updates, processes used)``.
+
+    It runs in a helper thread, so that Ctrl-C stops it (and its workers) at once.
+    """
     n, cap = len(core.weights), core.capacity
     floats = hirschberg.arena_size(cap, n, options)
-    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})")
+    advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
+    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})", advice)
+    stop = interrupt.new_stop_flag()
     if workers > 1 and n * (cap + 1) >= options.parallel_min_solve_cells:
-        with parallel.PoolExecutor(core.weights, core.values, floats, workers, options) as executor:
-            mask, cells = hirschberg.solve_segments(core.weights, core.values, cap, executor, options)
-        return mask, cells, workers
-    executor = hirschberg.LocalExecutor(core.weights, core.values, np.empty(floats), options)
-    mask, cells = hirschberg.solve_segments(core.weights, core.values, cap, executor, options)
-    return mask, cells, 1
+        shared = interrupt.run_interruptibly(
+            lambda: parallel.solve_on_workers(core.weights, core.values, cap, floats, workers, options, stop),
+            stop,
+            uses_workers=True,
+        )
+        if shared is not None:
+            return *shared, workers
+    executor = hirschberg.LocalExecutor(core.weights, core.values, np.empty(floats), options, stop)
+    solve = lambda: hirschberg.solve_segments(core.weights, core.values, cap, executor, options)  # noqa: E731
+    return *interrupt.run_interruptibly(solve, stop), 1
+
+
+def _usable_workers(workers: int) -> int:
+    """``workers``, capped (with a warning) at the CPUs this process may run on."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if workers <= usable:
+        return workers
+    warnings.warn(
+        f"`workers={workers}` is more than the {usable} CPUs this process may use; using {usable}",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return usable
 
 
 def _result(weights: np.ndarray, values: np.ndarray, chosen: np.ndarray, stats: SolveStats) -> KnapsackResult:

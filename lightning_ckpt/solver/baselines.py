@@ -35,7 +35,11 @@ def dp_table(
             or the available memory.
     """
     n = len(weights)
-    check_fits(8 * (n + 1) * (capacity + 1), limit_bytes, f"method='dp' ({n + 1} x {capacity + 1} table)")
+    what, advice = (
+        f"method='dp' ({n + 1} x {capacity + 1} table)",
+        "use method='auto', which needs O(W) memory",
+    )
+    check_fits(8 * (n + 1) * (capacity + 1), limit_bytes, what, advice)
     table = np.zeros((n + 1, capacity + 1))
     for i, (w, v) in enumerate(zip(weights.tolist(), values.tolist(), strict=True), start=1):
         table[i] = table[i - 1]
@@ -63,7 +67,12 @@ def greedy(weights: np.ndarray, values: np.ndarray, capacity: int) -> np.ndarray
     return chosen
 
 
-def ilp(weights: np.ndarray, values: np.ndarray, capacity: int) -> np.ndarray:
+def ilp(
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    time_limit_s: float = DEFAULT_OPTIONS.ilp_time_limit_s,
+) -> np.ndarray:
     """Exact up to solver tolerance: ``scipy.optimize.milp`` with ``mip_rel_gap=0``.
 
     The rounded solution is checked with integer arithmetic; if tolerance made it exceed the
@@ -71,7 +80,9 @@ def ilp(weights: np.ndarray, values: np.ndarray, capacity: int) -> np.ndarray:
 
     Raises:
         ImportError: when scipy is not installed.
-        RuntimeError: when the MILP solver fails.
+        TimeoutError: when no optimum was proven within ``time_limit_s`` seconds
+            (``SolverOptions.ilp_time_limit_s``): a non-optimal answer is never returned.
+        RuntimeError: when the MILP solver fails otherwise.
     """
     try:
         from scipy.optimize import Bounds, LinearConstraint, milp
@@ -84,8 +95,13 @@ def ilp(weights: np.ndarray, values: np.ndarray, capacity: int) -> np.ndarray:
         constraints=[LinearConstraint(weights.astype(np.float64)[None, :], ub=float(capacity))],
         integrality=np.ones(len(weights)),
         bounds=Bounds(0, 1),
-        options={"mip_rel_gap": 0.0},
+        options={"mip_rel_gap": 0.0, "time_limit": float(time_limit_s)},
     )
+    if result.status == 1:  # the time (or iteration) limit: the incumbent may not be optimal
+        raise TimeoutError(
+            f"method='ilp' found no proven optimum within its time limit of {time_limit_s:g} s "
+            "(SolverOptions.ilp_time_limit_s); use method='auto' (exact, O(W) memory) or raise the limit"
+        )
     if not result.success:
         raise RuntimeError(f"scipy.optimize.milp failed: {result.message}")
     return _repair(weights, values, capacity, result.x > 0.5)

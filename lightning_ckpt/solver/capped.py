@@ -33,10 +33,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lightning_ckpt.solver import capped_profile, hirschberg, parallel
+from lightning_ckpt.solver import capped_profile, hirschberg, parallel, workers
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.frontier import solve_sparse
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
+from lightning_ckpt.solver.value_profile import new_stop_flag, raise_if_stopped
 
 __all__ = ["CappedTask", "cap_violation", "solve_capped"]
 
@@ -62,8 +63,13 @@ class CappedTask:
         """DP cells the task updates (for scheduling)."""
         return (self.hi - self.lo) * (self.capacity + 1)
 
-    def run(self, weights: np.ndarray, values: np.ndarray, arena: np.ndarray) -> np.ndarray | None:
-        """Fill the profile (returns None) or solve the leaf (returns its mask), in this process."""
+    def run(
+        self, weights: np.ndarray, values: np.ndarray, arena: np.ndarray, stop: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """Fill the profile (returns None) or solve the leaf (returns its mask), in this process;
+        ``stop`` (``value_profile.new_stop_flag``) is checked before the task starts."""
+        if stop is not None:
+            raise_if_stopped(stop)
         out = arena[self.offset : self.offset + self.capacity + 1]
         items = (weights[self.lo : self.hi], values[self.lo : self.hi], self.take, self.skip)
         if self.kind == "leaf":
@@ -105,16 +111,20 @@ def solve_capped(
     capacity: int,
     take: np.ndarray,
     skip: np.ndarray,
-    workers: int,
+    count: int,
     options: SolverOptions = DEFAULT_OPTIONS,
     *,
     sparse_first: bool = True,
+    stop: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int, int, int]:
     """Solve exactly; caps >= 0. Returns ``(chosen mask, DP cells or frontier entries, processes,
     capacity after dividing by the weights' common divisor)``.
 
-    ``sparse_first`` tries the frontier DP before the dense one (it counts frontier entries as cells).
+    ``count`` processes (this one included) compute the dense path's profiles; ``sparse_first``
+    tries the frontier DP before the dense one (it counts frontier entries as cells); ``stop`` (a
+    flag from ``value_profile.new_stop_flag``) is checked between tasks.
     """
+    stop = new_stop_flag() if stop is None else stop
     divisor = math.gcd(*weights.tolist()) or 1  # chosen weights are multiples: floor every bound
     weights, capacity = weights // divisor, capacity // divisor
     take = np.minimum(take // divisor, capacity)
@@ -122,12 +132,26 @@ def solve_capped(
     sparse = solve_sparse(weights, values, capacity, take, skip, SPARSE_MAX_ENTRIES) if sparse_first else None
     if sparse is not None:
         return (*sparse, 1, capacity)
+    raise_if_stopped(stop)
     floats = 2 * (capacity + len(weights))
-    check_fits(8 * floats, None, f"the capped O(W) solver's profiles (capacity {capacity})")
-    if workers > 1 and len(weights) * (capacity + 1) >= options.parallel_min_solve_cells:
-        with parallel.PoolExecutor(weights, values, floats, workers, options) as executor:
-            return (*_solve_segments(weights, capacity, take, skip, executor, options), workers, capacity)
-    executor = hirschberg.LocalExecutor(weights, values, np.empty(floats), options)
+    advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
+    check_fits(8 * floats, None, f"the capped O(W) solver's profiles (capacity {capacity})", advice)
+    if count > 1 and len(weights) * (capacity + 1) >= options.parallel_min_solve_cells:
+        arena = parallel.shared_arena(floats)
+        if arena is not None:
+            try:
+                with (
+                    workers.borrowed(count - 1) as pool,
+                    parallel.PoolExecutor(weights, values, arena, pool, options, stop) as executor,
+                ):
+                    return (
+                        *_solve_segments(weights, capacity, take, skip, executor, options),
+                        count,
+                        capacity,
+                    )
+            finally:
+                arena.close()
+    executor = hirschberg.LocalExecutor(weights, values, np.empty(floats), options, stop)
     return (*_solve_segments(weights, capacity, take, skip, executor, options), 1, capacity)
 
 

@@ -96,31 +96,40 @@ def run_task(
     arena: np.ndarray,
     task: Task,
     grouping: tuple[int, int, int] = DEFAULT_OPTIONS.grouping,
+    stop: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """Run one task in this process: fill a profile (returns None) or solve a leaf (a mask).
 
-    ``grouping`` is ``SolverOptions.grouping``, for the profile kernel. A task of another kind
-    (``capped.CappedTask``) runs itself.
+    ``grouping`` is ``SolverOptions.grouping``, for the profile kernel; ``stop`` a flag from
+    ``value_profile.new_stop_flag`` (``SolveStopped`` is raised once it is set). A task of another
+    kind (``capped.CappedTask``) runs itself.
     """
     if not isinstance(task, Task):
-        return task.run(weights, values, arena)
+        return task.run(weights, values, arena, stop)
     out = arena[task.offset : task.offset + task.capacity + 1]
     items = slice(task.lo, task.hi)
     if task.kind == "leaf":
-        return solve_leaf(weights[items], values[items], task.capacity, out)
-    if task.save_at < 0:
-        profile(weights[items], values[items], task.capacity, out, grouping=grouping)
-    else:
+        return solve_leaf(weights[items], values[items], task.capacity, out, stop)
+    saved, save_at = None, None
+    if task.save_at >= 0:
         saved = arena[task.save_offset : task.save_offset + task.save_len]
         save_at = task.save_at - task.lo
-        profile(
-            weights[items], values[items], task.capacity, out, save_at=save_at, saved=saved, grouping=grouping
-        )
+    profile(
+        weights[items],
+        values[items],
+        task.capacity,
+        out,
+        save_at=save_at,
+        saved=saved,
+        grouping=grouping,
+        stop=stop,
+    )
     return None
 
 
 class LocalExecutor:
-    """Runs tasks one after another in this process (with ``options.grouping``)."""
+    """Runs tasks one after another in this process (with ``options.grouping``; ``stop``: as
+    for ``run_task``)."""
 
     def __init__(
         self,
@@ -128,12 +137,13 @@ class LocalExecutor:
         values: np.ndarray,
         arena: np.ndarray,
         options: SolverOptions = DEFAULT_OPTIONS,
+        stop: np.ndarray | None = None,
     ) -> None:
         self.weights, self.values, self.arena = weights, values, arena
-        self.grouping = options.grouping
+        self.grouping, self.stop = options.grouping, stop
 
     def run(self, tasks: list[Task]) -> list[np.ndarray | None]:
-        return [run_task(self.weights, self.values, self.arena, task, self.grouping) for task in tasks]
+        return [run_task(self.weights, self.values, self.arena, t, self.grouping, self.stop) for t in tasks]
 
 
 def arena_size(capacity: int, n_items: int, options: SolverOptions = DEFAULT_OPTIONS) -> int:

@@ -21,6 +21,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["DEFAULT_OPTIONS", "SolverOptions", "resolve_options"]
 
 _MAX_INTEGER = 2**48
@@ -75,10 +77,15 @@ class SolverOptions:
     tile: int = 2048
     """Cells each item of a group updates before the next item follows, in the numba kernel."""
 
+    ilp_time_limit_s: float = 60.0
+    """``method="ilp"`` raises ``TimeoutError`` when scipy's MILP has not proven an optimum within
+    this many seconds (never a non-optimal answer); a finite number > 0."""
+
     def __post_init__(self) -> None:
         for name, (low, high) in _INTEGER_RANGES.items():
             object.__setattr__(self, name, _checked_integer(name, getattr(self, name), low, high))
         object.__setattr__(self, "checkpoint_share", _checked_share(self.checkpoint_share))
+        object.__setattr__(self, "ilp_time_limit_s", _checked_seconds(self.ilp_time_limit_s))
 
     @property
     def grouping(self) -> tuple[int, int, int]:
@@ -87,7 +94,7 @@ class SolverOptions:
 
 
 def _checked_integer(name: str, value: object, low: int, high: int | None) -> int:
-    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
     if not ok or value < low or (high is not None and value > high):
         allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {_text(high)}]"
         raise ValueError(f"`SolverOptions.{name}` must be {allowed}, got {value!r}")
@@ -95,9 +102,16 @@ def _checked_integer(name: str, value: object, low: int, high: int | None) -> in
 
 
 def _checked_share(value: object) -> float:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
     if not ok or not math.isfinite(value) or value < 0:
         raise ValueError(f"`SolverOptions.checkpoint_share` must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _checked_seconds(value: object) -> float:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"`SolverOptions.ilp_time_limit_s` must be a finite number > 0, got {value!r}")
     return float(value)
 
 

@@ -1,11 +1,12 @@
-"""Worker processes that compute Hirschberg tasks on a shared-memory arena.
+"""Hirschberg tasks on worker processes sharing one anonymous-memory arena.
 
-The arena (every W-sized profile) lives in one ``multiprocessing.shared_memory`` block: tasks
-carry only item ranges, capacities and offsets, never W-sized arrays. Workers are plain
-``python -c`` subprocesses importing only numpy, numba and this package's solver modules (no
-torch, no lightning, and no re-import of the caller's ``__main__``, unlike ``spawn``); they
-load the cached compiled kernel. They are started on first need, kept for later solves, and
-stopped at interpreter exit.
+The arena (every W-sized profile) is a ``memfd`` (``os.memfd_create``): anonymous shared
+memory with no name in ``/dev/shm``, handed to each worker as a file descriptor (see
+``workers.py``) and freed by the kernel when the last process holding it exits, however it
+exits (SIGKILL included). Its pages are reserved up front (``posix_fallocate``), so a machine
+without room refuses at once (the solve then runs in one process, with one warning) instead of
+dying of SIGBUS when a page is first touched. Tasks carry only item ranges, capacities and
+offsets, never W-sized arrays.
 
 With ``workers=N`` there are ``N - 1`` worker processes; the calling process is the N-th and
 runs tasks too. Tasks smaller than ``SolverOptions.parallel_min_task_cells`` stay in the calling
@@ -15,129 +16,104 @@ Results do not depend on which process ran a task (same kernel, same arithmetic)
 
 from __future__ import annotations
 
-import atexit
+import mmap
 import os
-import pickle
 import select
-import subprocess
-import sys
+import warnings
 from collections import deque
-from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
+from lightning_ckpt.solver import hirschberg, workers
 from lightning_ckpt.solver.hirschberg import Task, run_task
-from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
+from lightning_ckpt.solver.options import SolverOptions
+from lightning_ckpt.solver.value_profile import raise_if_stopped
 
-__all__ = ["SharedArena", "PoolExecutor", "get_workers", "shutdown_workers"]
+__all__ = ["SharedArena", "PoolExecutor", "shared_arena", "solve_on_workers"]
 
-_WORKER_CODE = "from lightning_ckpt.solver.parallel import worker_main; worker_main()"
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_POLL_S = 0.05  # seconds between checks of the stop flag while waiting for workers
 
 
 class SharedArena:
-    """A float64 array in shared memory, unlinked on ``close``."""
+    """A float64 array in anonymous shared memory (a memfd), its pages reserved at creation.
+
+    Raises:
+        OSError: where the memory cannot be reserved (no room) or memfd is missing.
+    """
 
     def __init__(self, n_floats: int) -> None:
-        self.shm = shared_memory.SharedMemory(create=True, size=max(8 * n_floats, 8))
-        self.array = np.ndarray((n_floats,), dtype=np.float64, buffer=self.shm.buf)
+        size = max(8 * n_floats, 8)
+        self.fd = os.memfd_create("lightning-ckpt-arena", os.MFD_CLOEXEC)
+        try:
+            os.posix_fallocate(self.fd, 0, size)  # every page now: no SIGBUS on first touch
+            self.mapping = mmap.mmap(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.n_floats = n_floats
+        self.array = np.frombuffer(self.mapping, dtype=np.float64, count=n_floats)
 
     def close(self) -> None:
+        """Unmap and free the block (once the last view of it is gone, if views remain)."""
         del self.array
-        self.shm.close()
-        self.shm.unlink()
+        try:
+            self.mapping.close()
+        except BufferError:  # a view still lives (say in a traceback): unmapped when it dies
+            pass
+        os.close(self.fd)
 
 
-class _Worker:
-    """One ``python -c`` subprocess speaking pickled messages over its stdin/stdout."""
-
-    def __init__(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_CODE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+def shared_arena(n_floats: int) -> SharedArena | None:
+    """A ``SharedArena``, or None with one warning where there is no room for it."""
+    try:
+        return SharedArena(n_floats)
+    except (OSError, AttributeError) as exc:  # AttributeError: no os.memfd_create on this OS
+        reason = getattr(exc, "strerror", None) or "memfd is not available on this system"
+        warnings.warn(
+            f"cannot reserve {8 * n_floats / 2**30:.3g} GiB of shared memory for the knapsack solver's "
+            f"workers ({reason}); solving in one process in ordinary memory instead",
+            RuntimeWarning,
+            stacklevel=2,
         )
-
-    def send(self, message: tuple) -> None:
-        pickle.dump(message, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-        self.proc.stdin.flush()
-
-    def receive(self):
-        try:
-            status, payload = pickle.load(self.proc.stdout)
-        except EOFError:
-            raise RuntimeError("a knapsack solver worker process exited unexpectedly") from None
-        if status == "error":
-            raise RuntimeError(f"a knapsack solver worker failed:\n{payload}")
-        return payload
-
-    def call(self, message: tuple):
-        self.send(message)
-        return self.receive()
-
-    def stop(self) -> None:
-        try:
-            self.send(("stop",))
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired, ValueError):
-            self.proc.kill()
-
-
-_POOL: list[_Worker] = []
-
-
-def get_workers(count: int) -> list[_Worker]:
-    """Return ``count`` live worker processes, starting any that are missing."""
-    _POOL[:] = [w for w in _POOL if w.proc.poll() is None]
-    while len(_POOL) < count:
-        _POOL.append(_Worker())
-    return _POOL[:count]
-
-
-@atexit.register
-def shutdown_workers() -> None:
-    """Stop every worker process (also run at interpreter exit)."""
-    while _POOL:
-        _POOL.pop().stop()
+        return None
 
 
 class PoolExecutor:
     """Runs a level's tasks on worker processes plus this one, biggest first.
 
     Use as a context manager: it attaches the workers to the shared arena (and hands them the
-    items and ``options``) on entry, and detaches them (and frees the arena) on exit. Tasks below
-    ``options.parallel_min_task_cells`` cells run in this process.
+    items and ``options``) on entry, and detaches them on a clean exit (after a failure the
+    pool kills them anyway). Tasks below ``options.parallel_min_task_cells`` cells run in this
+    process, polling ``stop`` (a flag from ``value_profile.new_stop_flag``).
     """
 
     def __init__(
         self,
         weights: np.ndarray,
         values: np.ndarray,
-        arena_floats: int,
-        workers: int,
-        options: SolverOptions = DEFAULT_OPTIONS,
+        arena: SharedArena,
+        pool: list,
+        options: SolverOptions,
+        stop: np.ndarray,
     ) -> None:
-        self.weights, self.values, self.options = weights, values, options
-        self._shared = SharedArena(arena_floats)
-        self.arena = self._shared.array
-        self._workers = get_workers(workers - 1)
+        self.weights, self.values, self.options, self.stop = weights, values, options, stop
+        self._shared, self.arena, self._workers = arena, arena.array, pool
         self.min_cells, self.grouping = options.parallel_min_task_cells, options.grouping
 
     def __enter__(self) -> PoolExecutor:
-        attach = ("attach", self._shared.shm.name, len(self.arena), self.weights, self.values, self.options)
+        raise_if_stopped(self.stop)
+        attach = ("attach", self._shared.n_floats, self.weights, self.values, self.options)
         for worker in self._workers:
-            worker.send(attach)
+            worker.send(attach, fd=self._shared.fd)
         for worker in self._workers:
             worker.receive()
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        try:
+    def __exit__(self, exc_type, *_exc_info) -> None:
+        del self.arena  # the arena's owner closes it next
+        if exc_type is None:
             for worker in self._workers:
                 worker.call(("detach",))
-        finally:
-            del self.arena
-            self._shared.close()
 
     def run(self, tasks: list[Task]) -> list[np.ndarray | None]:
         order = sorted(range(len(tasks)), key=lambda i: -tasks[i].cells)
@@ -146,13 +122,17 @@ class PoolExecutor:
         results: list[np.ndarray | None] = [None] * len(tasks)
         idle, busy = list(self._workers), {}
         while pending or local or busy:
+            raise_if_stopped(self.stop)
             while idle and pending:
                 worker, index = idle.pop(), pending.popleft()
                 worker.send(("task", tasks[index]))
                 busy[worker.proc.stdout.fileno()] = (worker, index)
             if pending or local:
                 index = local.pop(0) if local else pending.popleft()
-                results[index] = run_task(self.weights, self.values, self.arena, tasks[index], self.grouping)
+                task = tasks[index]
+                results[index] = run_task(
+                    self.weights, self.values, self.arena, task, self.grouping, self.stop
+                )
             for fd in _ready(busy, block=not (pending or local)):
                 worker, index = busy.pop(fd)
                 results[index] = worker.receive()
@@ -163,48 +143,29 @@ class PoolExecutor:
 def _ready(busy: dict, block: bool) -> list[int]:
     if not busy:
         return []
-    ready, _, _ = select.select(list(busy), [], [], None if block else 0)
+    ready, _, _ = select.select(list(busy), [], [], _POLL_S if block else 0)
     return ready
 
 
-def _attach(name: str, n_floats: int) -> tuple[shared_memory.SharedMemory, np.ndarray]:
-    shm = shared_memory.SharedMemory(name=name)
-    # The creating process owns (and unlinks) the block; this process's tracker must not.
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    return shm, np.ndarray((n_floats,), dtype=np.float64, buffer=shm.buf)
-
-
-def _handle(message: tuple, state: dict) -> np.ndarray | None:
-    """Serve one ``attach``, ``detach`` or ``task`` request; ``state`` keeps what ``attach`` brought."""
-    kind = message[0]
-    if kind == "attach":
-        _, name, n_floats, weights, values, options = message
-        state["shm"], state["arena"] = _attach(name, n_floats)
-        state.update(weights=weights, values=values, grouping=options.grouping)
+def solve_on_workers(
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    n_floats: int,
+    count: int,
+    options: SolverOptions,
+    stop: np.ndarray,
+) -> tuple[np.ndarray, int] | None:
+    """``hirschberg.solve_segments`` on ``count`` processes (this one included), or None (one
+    warning) where the shared arena has no room."""
+    arena = shared_arena(n_floats)
+    if arena is None:
         return None
-    if kind == "detach":
-        shm = state.pop("shm")
-        state.clear()  # drop the arena view before closing its buffer
-        shm.close()
-        return None
-    return run_task(state["weights"], state["values"], state["arena"], message[1], state["grouping"])
-
-
-def worker_main() -> None:
-    """Serve tasks from stdin until told to stop (runs in the worker subprocess)."""
-    reply = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # stray prints must not corrupt the message stream
-    requests = sys.stdin.buffer
-    state: dict = {}
-    while True:
-        message = pickle.load(requests)
-        if message[0] == "stop":
-            return
-        try:
-            answer = ("ok", _handle(message, state))
-        except Exception:  # report, keep serving
-            import traceback
-
-            answer = ("error", traceback.format_exc())
-        pickle.dump(answer, reply, protocol=pickle.HIGHEST_PROTOCOL)
-        reply.flush()
+    try:
+        with (
+            workers.borrowed(count - 1) as pool,
+            PoolExecutor(weights, values, arena, pool, options, stop) as ex,
+        ):
+            return hirschberg.solve_segments(weights, values, capacity, ex, options)
+    finally:
+        arena.close()

@@ -1,9 +1,18 @@
 """Input validation for ``solve_knapsack``: one function, messages that say what to fix.
 
+Numbers are taken only when their value is exactly what is asked for: a ``bool`` is never a
+number here, an integral argument must be an exact integer (``np.float32(5.5)`` and
+``Fraction(11, 2)`` are refused, ``4.0`` is taken), a masked array is refused (its mask would
+be lost), and sums that could overflow are refused up front.
+
 Example:
     >>> w, v, cap = validate_inputs([3, 4.0], [1, 2.5], 7, "auto", 1)
     >>> w.dtype.name, v.dtype.name, cap
     ('int64', 'float64', 7)
+    >>> validate_inputs([3, 4], [1.0, None], 7, "auto", 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: `values` must contain only finite real numbers >= 0, got None at index 1
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ import numpy as np
 __all__ = [
     "CAPPED_METHODS",
     "MAX_INTEGER",
+    "MAX_VALUE_SUM",
+    "MAX_WEIGHT_SUM",
     "MAX_WORKERS",
     "METHODS",
     "Method",
@@ -30,9 +41,36 @@ METHODS: tuple[str, ...] = get_args(Method)
 MAX_WORKERS = 1024
 MAX_INTEGER = 2**48  # weights and capacity: sums of thousands stay exact in int64
 CAPPED_METHODS = ("auto", "hirschberg")  # the methods that take prefix capacities
+MAX_WEIGHT_SUM = 2**62  # all weights together: int64 sums never overflow
+MAX_VALUE_SUM = 1e300  # all values together: float64 sums stay finite, far from overflow
+
+_WEIGHT_KIND = "integral numbers in [0, 2**48]"
+_VALUE_KIND = "finite real numbers >= 0"
+
+
+def _integral(x: object, high: int) -> int | None:
+    """``x`` as an int when it is exactly an integer in ``[0, high]`` (never a bool), else None."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        return None
+    if not isinstance(x, numbers.Integral):
+        if not math.isfinite(float(x)) or x != math.floor(x):
+            return None
+    return int(x) if 0 <= x <= high else None
+
+
+def _real(x: object) -> float | None:
+    """``x`` as a float when it is a finite real number >= 0 (never a bool), else None."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        return None
+    value = float(x)
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _to_array(name: str, seq: object, kind: str) -> np.ndarray:
+    if isinstance(seq, np.ma.MaskedArray):
+        raise ValueError(
+            f"`{name}` must be a plain sequence of {kind}, got a masked array (fill or compress it)"
+        )
     if isinstance(seq, (str, bytes)) or not isinstance(seq, (Sequence, np.ndarray)):
         raise ValueError(f"`{name}` must be a sequence of {kind}, got {type(seq).__name__}")
     try:
@@ -44,47 +82,61 @@ def _to_array(name: str, seq: object, kind: str) -> np.ndarray:
     return array
 
 
-def _bad_entry(name: str, seq: object, bad: np.ndarray, kind: str) -> ValueError:
-    index = int(np.flatnonzero(bad)[0])
-    entry = seq[index]  # type: ignore[index]
-    return ValueError(f"`{name}` must contain only {kind}, got {entry!r} at index {index}")
+def _entries(name: str, seq: object, kind: str, convert, dtype) -> np.ndarray:
+    """Convert entry by entry, naming the first one refused and its index."""
+    out = []
+    for index, entry in enumerate(seq):  # type: ignore[arg-type]
+        converted = convert(entry)
+        if converted is None:
+            raise ValueError(f"`{name}` must contain only {kind}, got {entry!r} at index {index}")
+        out.append(converted)
+    return np.array(out, dtype=dtype)
 
 
 def _integral_array(name: str, seq: object) -> np.ndarray:
-    kind = "integral numbers in [0, 2**48]"
-    array = _to_array(name, seq, kind)
-    if array.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if array.dtype.kind == "O" and all(isinstance(x, numbers.Integral) for x in array):
-        array = np.array([int(x) if 0 <= x <= MAX_INTEGER else -1 for x in array], dtype=np.int64)
-    if array.dtype.kind not in "iuf" or array.dtype.kind == "b":
-        raise _bad_entry(name, seq, np.ones(array.shape, dtype=bool), kind)
-    with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(array) | (array < 0) | (array > MAX_INTEGER) | (np.floor(array) != array)
-    if bad.any():
-        raise _bad_entry(name, seq, bad, kind)
-    return array.astype(np.int64)
+    array = _to_array(name, seq, _WEIGHT_KIND)
+    if array.dtype.kind in "iuf" and not _holds_bools(seq):
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(array) | (array < 0) | (array > MAX_INTEGER) | (np.floor(array) != array)
+        if not bad.any():
+            return array.astype(np.int64)
+    return _entries(name, array if isinstance(seq, np.ndarray) else seq, _WEIGHT_KIND, _weight, np.int64)
+
+
+def _weight(x: object) -> int | None:
+    return _integral(x, MAX_INTEGER)
 
 
 def _value_array(name: str, seq: object) -> np.ndarray:
-    kind = "finite real numbers >= 0"
-    array = _to_array(name, seq, kind)
-    if array.size and (array.dtype.kind not in "iuf"):
-        raise _bad_entry(name, seq, np.ones(array.shape, dtype=bool), kind)
-    array = array.astype(np.float64)
-    bad = ~np.isfinite(array) | (array < 0)
-    if bad.any():
-        raise _bad_entry(name, seq, bad, kind)
-    return array
+    array = _to_array(name, seq, _VALUE_KIND)
+    if array.dtype.kind in "iuf" and not _holds_bools(seq):
+        floats = array.astype(np.float64)
+        if np.isfinite(floats).all() and (floats >= 0).all():
+            return floats
+    return _entries(name, array if isinstance(seq, np.ndarray) else seq, _VALUE_KIND, _real, np.float64)
+
+
+def _holds_bools(seq: object) -> bool:
+    """A list such as ``[1, True]`` becomes an int array: look at its entries themselves."""
+    return not isinstance(seq, np.ndarray) and any(isinstance(x, (bool, np.bool_)) for x in seq)  # type: ignore[union-attr]
 
 
 def _integral_scalar(name: str, x: object, low: int, high: int, high_text: str) -> int:
-    ok = isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
-    if ok and isinstance(x, float):
-        ok = math.isfinite(x) and x.is_integer()
-    if not ok or not low <= x <= high:
+    value = _integral(x, high)
+    if value is None or value < low:
         raise ValueError(f"`{name}` must be an integral number in [{low}, {high_text}], got {x!r}")
-    return int(x)
+    return value
+
+
+def _check_sums(weights: np.ndarray, values: np.ndarray) -> None:
+    if len(weights) * MAX_INTEGER > MAX_WEIGHT_SUM and sum(weights.tolist()) > MAX_WEIGHT_SUM:
+        raise ValueError(f"`weights` must sum to at most 2**62, got {sum(weights.tolist())}")
+    with np.errstate(over="ignore"):
+        total = float(np.sum(values))
+    if not total <= MAX_VALUE_SUM:
+        raise ValueError(
+            f"`values` must sum to at most {MAX_VALUE_SUM:g} (so that totals stay finite), got {total:g}"
+        )
 
 
 def validate_inputs(
@@ -93,7 +145,7 @@ def validate_inputs(
     """Check every argument of ``solve_knapsack``; return int64 weights, float64 values, int capacity.
 
     Raises:
-        ValueError: naming the argument, what is allowed and what was given.
+        ValueError: naming the argument, what is allowed and what was given (and its index).
     """
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
@@ -104,6 +156,7 @@ def validate_inputs(
         raise ValueError(
             f"`weights` and `values` must have the same length, got {len(weight_array)} and {len(value_array)}"
         )
+    _check_sums(weight_array, value_array)
     return weight_array, value_array, _integral_scalar("capacity", capacity, 0, MAX_INTEGER, "2**48")
 
 

@@ -35,7 +35,31 @@ import numpy as np
 from lightning_ckpt.solver import _kernels_numpy
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
 
-__all__ = ["KERNEL", "profile", "solve_leaf", "best_split", "cell_updates"]
+__all__ = [
+    "KERNEL",
+    "SolveStopped",
+    "new_stop_flag",
+    "raise_if_stopped",
+    "profile",
+    "solve_leaf",
+    "best_split",
+    "cell_updates",
+]
+
+
+class SolveStopped(Exception):
+    """A kernel returned early, its work unfinished, because its stop flag was set."""
+
+
+def new_stop_flag() -> np.ndarray:
+    """A one-entry array the kernels poll between items: set ``flag[0] = 1`` to stop them."""
+    return np.zeros(1, dtype=np.uint8)
+
+
+def raise_if_stopped(stop: np.ndarray) -> None:
+    """Raise ``SolveStopped`` once ``stop[0]`` is set."""
+    if stop[0]:
+        raise SolveStopped("the solve was stopped")
 
 
 def _numba_wanted() -> bool:
@@ -77,6 +101,7 @@ def profile(
     save_at: int | None = None,
     saved: np.ndarray | None = None,
     grouping: tuple[int, int, int] = DEFAULT_OPTIONS.grouping,
+    stop: np.ndarray | None = None,
 ) -> None:
     """Fill ``out[:capacity + 1]`` with the knapsack value profile of the items.
 
@@ -91,6 +116,10 @@ def profile(
             checkpoint fills all of it (the profile is flat beyond its items' total weight).
         grouping: ``SolverOptions.grouping`` (window, items, tile) of the numba kernel's grouped
             sweep; the numbers never depend on it.
+        stop: A flag from ``new_stop_flag``, polled between items (None: never stopped).
+
+    Raises:
+        SolveStopped: when ``stop`` was set before the profile was finished.
 
     Example:
         >>> out, saved = np.empty(4), np.empty(2)
@@ -99,20 +128,24 @@ def profile(
         ([0.0, 1.0, 2.0, 3.0], [0.0, 1.0])
     """
     weights, values = _as_items(weights, values)
-    capacity = int(capacity)
+    capacity, stop = int(capacity), new_stop_flag() if stop is None else stop
     backend = _backend(len(weights) * (capacity + 1))
     out[0] = 0.0
     reach = 0
     if save_at is not None:
-        reach = int(backend.extend(weights[:save_at], values[:save_at], capacity, out, 0, *grouping))
+        reach = int(backend.extend(weights[:save_at], values[:save_at], capacity, out, 0, *grouping, stop))
+        raise_if_stopped(stop)
         saved[: reach + 1] = out[: reach + 1]
         saved[reach + 1 :] = out[reach]
         weights, values = weights[save_at:], values[save_at:]
-    reach = backend.extend(weights, values, capacity, out, reach, *grouping)
+    reach = backend.extend(weights, values, capacity, out, reach, *grouping, stop)
+    raise_if_stopped(stop)
     out[reach + 1 : capacity + 1] = out[reach]
 
 
-def solve_leaf(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray) -> np.ndarray:
+def solve_leaf(
+    weights: np.ndarray, values: np.ndarray, capacity: int, out: np.ndarray, stop: np.ndarray | None = None
+) -> np.ndarray:
     """Solve a small segment exactly, keeping one decision bit per item and capacity.
 
     Uses ``out[:capacity + 1]`` as the profile and ``len(weights) * (capacity + 1)`` bits of
@@ -123,9 +156,13 @@ def solve_leaf(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.n
         values: Item values (floats >= 0).
         capacity: The segment's capacity.
         out: Scratch float64 array with at least ``capacity + 1`` entries.
+        stop: As for ``profile``.
 
     Returns:
         A boolean mask of the chosen items (total weight <= ``capacity``).
+
+    Raises:
+        SolveStopped: when ``stop`` was set before the leaf was solved.
 
     Example:
         >>> solve_leaf(np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5]), 5, np.empty(6)).tolist()
@@ -133,8 +170,10 @@ def solve_leaf(weights: np.ndarray, values: np.ndarray, capacity: int, out: np.n
     """
     weights, values = _as_items(weights, values)
     keep_bits = np.zeros((len(weights), (int(capacity) >> 3) + 1), dtype=np.uint8)
+    stop = new_stop_flag() if stop is None else stop
     backend = _backend(len(weights) * (int(capacity) + 1))
-    backend.fill_leaf(weights, values, int(capacity), out, keep_bits)
+    backend.fill_leaf(weights, values, int(capacity), out, keep_bits, stop)
+    raise_if_stopped(stop)
     chosen = np.zeros(len(weights), dtype=np.bool_)
     backend.backtrack(weights, int(capacity), keep_bits, chosen)
     return chosen

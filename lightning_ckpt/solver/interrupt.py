@@ -1,0 +1,68 @@
+"""Run a long solve so that Ctrl-C reaches the caller at once.
+
+A numba kernel releases the GIL and does not return to Python for seconds, so a SIGINT would
+wait for it. The work runs in a helper thread instead; this (the main) thread only waits, in
+short interruptible joins. On any exception here (``KeyboardInterrupt`` first of all), the
+stop flag is raised, which the kernels poll between items, the worker processes are killed,
+the helper thread is joined (it ends within one item's pass) and the exception is re-raised.
+The helper thread owns every resource of the solve (arena, pool) and frees them on its way out.
+
+Example:
+    >>> run_interruptibly(lambda: 6 * 7, new_stop_flag())
+    42
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+
+from lightning_ckpt.solver import workers
+from lightning_ckpt.solver.value_profile import new_stop_flag
+
+__all__ = ["JOIN_POLL_S", "new_stop_flag", "run_interruptibly"]
+
+JOIN_POLL_S = 0.05
+"""Seconds between the waiting thread's checks for a pending signal."""
+
+T = TypeVar("T")
+
+
+def run_interruptibly(work: Callable[[], T], stop: np.ndarray | None, *, uses_workers: bool = False) -> T:
+    """Return ``work()``, computed in a helper thread that polls ``stop``; ``uses_workers``: it
+    runs on the worker pool, whose processes are killed on an interrupt.
+
+    With ``stop=None`` (work that cannot be stopped, such as scipy's MILP, which releases the GIL
+    and ends at its own time limit) an interrupt is re-raised at once, without waiting for the
+    helper thread: it finishes in the background and its result is dropped.
+
+    Raises:
+        BaseException: whatever ``work`` raised, or what interrupted the wait (after the
+            helper thread has stopped and the worker processes are gone).
+    """
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = work()
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+
+    helper = threading.Thread(target=target, name="lightning-ckpt-solve", daemon=True)
+    helper.start()
+    try:
+        while helper.is_alive():
+            helper.join(JOIN_POLL_S)
+    except BaseException:
+        if stop is not None:
+            stop[0] = 1
+            if uses_workers:
+                workers.kill_workers()
+            helper.join()
+        raise
+    if "error" in outcome:
+        raise outcome.pop("error")
+    return outcome["result"]

@@ -1,0 +1,122 @@
+"""Models this project did not write, as people train them: tiny transformers models built from configs
+(random weights, nothing downloaded) with padded batches and their default KV cache, and a ResNet-style
+CNN with BatchNorm (written here: torchvision's wheels in the registry are CUDA builds)."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def padded_token_loader(num_batches: int = 6, batch_size: int = 4, length: int = 32) -> DataLoader:
+    """(input_ids, attention_mask) batches; each row is padded after a random length of at least half."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 256, (num_batches * batch_size, length), generator=generator)
+    lengths = torch.randint(length // 2, length + 1, (num_batches * batch_size, 1), generator=generator)
+    mask = (torch.arange(length) < lengths).long()
+    return DataLoader(TensorDataset(ids * mask, mask), batch_size=batch_size)
+
+
+def image_loader(num_batches: int = 4, batch_size: int = 8, size: int = 16) -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(num_batches * batch_size, 3, size, size, generator=generator)
+    labels = torch.randint(0, 10, (num_batches * batch_size,), generator=generator)
+    return DataLoader(TensorDataset(images, labels), batch_size=batch_size)
+
+
+def hf_model(kind: str, layers: int = 4) -> nn.Module:
+    """A tiny ``kind`` model (gpt2, llama, t5, bert) from its config, with the config's own defaults."""
+    transformers = pytest.importorskip("transformers")
+    small = dict(vocab_size=256, num_attention_heads=4)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(n_positions=64, n_embd=64, n_layer=layers, **small)
+        return transformers.GPT2LMHeadModel(config)
+    if kind == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_key_value_heads=2, **small
+        )
+        return transformers.LlamaForCausalLM(config)
+    if kind == "t5":
+        config = transformers.T5Config(
+            d_model=64, d_kv=16, d_ff=128, num_layers=layers, num_decoder_layers=layers,
+            num_heads=4, vocab_size=256, decoder_start_token_id=0, pad_token_id=0,
+        )  # fmt: skip
+        return transformers.T5ForConditionalGeneration(config)
+    if kind == "bert":
+        config = transformers.BertConfig(
+            hidden_size=64,
+            num_hidden_layers=layers,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            **small,
+        )
+        return transformers.BertForMaskedLM(config)
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+class PaddedLM(L.LightningModule):
+    """A transformers model trained on padded batches; padding is left out of the loss."""
+
+    def __init__(self, kind: str, layers: int = 4, own_checkpointing: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = hf_model(kind, layers)
+        if own_checkpointing:
+            self.model.gradient_checkpointing_enable()
+
+    def training_step(self, batch, batch_idx):
+        ids, mask = batch
+        labels = ids.masked_fill(mask == 0, -100)
+        return self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with BatchNorm, and a shortcut."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet(L.LightningModule):
+    """A small ResNet: a stem, three stages of two basic blocks each, pooling and a linear classifier."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        widths = [width, 2 * width, 4 * width]
+        self.layer1 = nn.Sequential(BasicBlock(width, widths[0]), BasicBlock(widths[0], widths[0]))
+        self.layer2 = nn.Sequential(BasicBlock(widths[0], widths[1], 2), BasicBlock(widths[1], widths[1]))
+        self.layer3 = nn.Sequential(BasicBlock(widths[1], widths[2], 2), BasicBlock(widths[2], widths[2]))
+        self.fc = nn.Linear(widths[2], 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.layer3(self.layer2(self.layer1(self.stem(images))))
+        return self.fc(x.mean(dim=(2, 3)))
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        return nn.functional.cross_entropy(self(images), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
