@@ -175,17 +175,20 @@ def _solve_with_caps(
     workers: int,
     options: SolverOptions,
 ) -> KnapsackResult:
-    """The capped solver (``capped.py``, in a helper thread: Ctrl-C stops it), and a last guard
-    that no cap is broken."""
+    """The capped solver (``capped.py``): for ``"auto"`` the frontier DP in this thread (numpy, short
+    steps), then the dense one in a helper thread (Ctrl-C stops it); a last guard that no cap is broken."""
     chosen, cells, used, core_capacity = np.zeros(0, dtype=np.bool_), 0, 1, 0
     if len(weights):
-        stop, sparse_first = interrupt.new_stop_flag(), stats.method == "auto"  # "hirschberg": dense only
-        solve = lambda: capped.solve_capped(  # noqa: E731
-            weights, values, capacity, *caps, workers, options, sparse_first=sparse_first, stop=stop
-        )
-        chosen, cells, used, core_capacity = interrupt.run_interruptibly(
-            solve, stop, uses_workers=workers > 1
-        )
+        answer = None
+        if stats.method == "auto":  # "hirschberg": the dense path only
+            answer = capped.solve_capped(weights, values, capacity, *caps, workers, options, dense=False)
+        if answer is None:
+            stop = interrupt.new_stop_flag()
+            solve = lambda: capped.solve_capped(  # noqa: E731
+                weights, values, capacity, *caps, workers, options, sparse_first=False, stop=stop
+            )
+            answer = interrupt.run_interruptibly(solve, stop, uses_workers=workers > 1)
+        chosen, cells, used, core_capacity = answer
     broken = capped.cap_violation(weights, chosen, capacity, *caps)
     if broken is not None:
         raise AssertionError(f"solver {stats.method!r} with prefix capacities: {broken}")

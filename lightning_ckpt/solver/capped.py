@@ -115,14 +115,16 @@ def solve_capped(
     options: SolverOptions = DEFAULT_OPTIONS,
     *,
     sparse_first: bool = True,
+    dense: bool = True,
     stop: np.ndarray | None = None,
-) -> tuple[np.ndarray, int, int, int]:
+) -> tuple[np.ndarray, int, int, int] | None:
     """Solve exactly; caps >= 0. Returns ``(chosen mask, DP cells or frontier entries, processes,
     capacity after dividing by the weights' common divisor)``.
 
     ``count`` processes (this one included) compute the dense path's profiles; ``sparse_first``
-    tries the frontier DP before the dense one (it counts frontier entries as cells); ``stop`` (a
-    flag from ``value_profile.new_stop_flag``) is checked between tasks.
+    tries the frontier DP before the dense one (it counts frontier entries as cells); without
+    ``dense``, None when the frontier gives up; ``stop`` (a flag from
+    ``value_profile.new_stop_flag``) is checked between tasks.
     """
     stop = new_stop_flag() if stop is None else stop
     divisor = math.gcd(*weights.tolist()) or 1  # chosen weights are multiples: floor every bound
@@ -130,8 +132,8 @@ def solve_capped(
     take = np.minimum(take // divisor, capacity)
     skip = np.minimum(skip // divisor, capacity)
     sparse = solve_sparse(weights, values, capacity, take, skip, SPARSE_MAX_ENTRIES) if sparse_first else None
-    if sparse is not None:
-        return (*sparse, 1, capacity)
+    if sparse is not None or not dense:
+        return None if sparse is None else (*sparse, 1, capacity)
     raise_if_stopped(stop)
     floats = 2 * (capacity + len(weights))
     advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -67,7 +68,8 @@ def _real(x: object) -> float | None:
 
 
 def _to_array(name: str, seq: object, kind: str) -> np.ndarray:
-    if isinstance(seq, np.ma.MaskedArray):
+    masked = sys.modules.get("numpy.ma")  # unimported, nothing is masked (importing it costs ~10 ms)
+    if masked is not None and isinstance(seq, masked.MaskedArray):
         raise ValueError(
             f"`{name}` must be a plain sequence of {kind}, got a masked array (fill or compress it)"
         )
