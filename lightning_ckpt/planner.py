@@ -1,16 +1,21 @@
 """From a step profile and a budget to a `CheckpointPlan`: the knapsack formulation.
 
 Keep (store activations) or checkpoint (store only inputs, recompute in backward) each candidate. The
-memory model (`lightning_ckpt.core.memory.model`) guarantees, for every checkpointed set S,
+predicted peak (`lightning_ckpt.core.memory.model.predict_peak_bytes`) is a maximum over the points of
+the step, each an affine function of the kept set (`lightning_ckpt.core.memory.points`). With the exact
+solvers (``solver="auto"`` or ``"hirschberg"``) the plan keeps the most recompute time (or flops) whose
+predicted peak fits the budget (`lightning_ckpt.core.memory.choose`): when the backward frees blocks in
+reverse forward order the points are prefix capacities of a knapsack, solved in O(W) memory; otherwise
+the small module-level instance is solved exactly. Sizes are rounded to ``quantum_bytes``, so the plan
+is optimal up to one quantum per candidate.
+
+The baseline solvers (``"dp"``, ``"greedy"``, ``"ilp"``) solve the additive bound
 
     predict_peak_bytes(profile, S) <= fixed_peak_bytes(profile) + sum(keep_cost_bytes[m] for m kept),
 
-so a knapsack over the kept modules with capacity ``budget - fixed`` (weights rounded up and capacity
-rounded down to ``quantum_bytes``) always gives a plan whose predicted peak is within the budget, and the
-solver makes the kept recompute cost (the time saved) as large as possible under that bound. The bound
-is additive while the real peak is a maximum over the backward pass, so it can be loose; a last pass
-then keeps, most valuable first, any checkpointed module whose activations still fit under the exact
-prediction. Neither step ever goes over the budget.
+with capacity ``budget - fixed`` (weights rounded up and capacity rounded down to ``quantum_bytes``).
+Either way a last pass keeps, most valuable first, any checkpointed module whose activations still fit
+under the exact prediction (room the rounding left). Nothing ever goes over the budget.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from collections.abc import Sequence
 
 from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.core.memory.choose import choose_kept
 from lightning_ckpt.core.memory.model import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.plan import CheckpointPlan, PlanItem
@@ -29,6 +35,8 @@ from lightning_ckpt.units import BYTES_PER_GB
 
 log = logging.getLogger(__name__)
 
+EXACT_SOLVERS = ("auto", "hirschberg")
+"""Solvers planned exactly under the peak model; the others solve the additive bound (baselines)."""
 _DEFAULT_CONFIG = AutoCheckpointConfig(budget_gb=1.0)  # only its cost, solver, quantum and workers are read
 
 
@@ -94,15 +102,20 @@ def make_plan(
         raise BudgetTooSmallError(budget_bytes, fixed_bytes, len(names))
     values = item_values(profile, config.cost)
     start = time.perf_counter()
-    if predict_peak_bytes(profile, []) <= budget_bytes:
+    if config.solver in EXACT_SOLVERS:
+        mask, method = choose_kept(
+            profile,
+            int(budget_bytes),
+            values,
+            quantum_bytes=config.quantum_bytes,
+            method=config.solver,
+            workers=config.workers,
+        )
+        kept = {name for name, keep in zip(names, mask.tolist(), strict=True) if keep}
+    elif predict_peak_bytes(profile, []) <= budget_bytes:
         kept, method = set(names), "all-fit"
     else:
-        costs = keep_cost_bytes(profile)
-        weights, capacity = quantize(
-            [max(int(costs[n]), 0) for n in names], capacity_bytes, config.quantum_bytes
-        )
-        result = solve_knapsack(weights, values, capacity, method=config.solver, workers=config.workers)
-        kept, method = {names[i] for i in result.chosen}, result.method
+        kept, method = _solve_additive(profile, capacity_bytes, values, config)
         kept |= _keep_more_if_exact_peak_allows(profile, kept, values, budget_bytes)
     solver_seconds = time.perf_counter() - start
     checkpointed = tuple(n for n in names if n not in kept)
@@ -121,6 +134,17 @@ def make_plan(
         solver_seconds=solver_seconds,
         notes=tuple(notes),
     )
+
+
+def _solve_additive(
+    profile: StepProfile, capacity_bytes: int, values: list[float], config: AutoCheckpointConfig
+) -> tuple[set[str], str]:
+    """The baseline solvers on the additive bound: kept candidates and the method."""
+    names = [m.name for m in profile.modules]
+    costs = keep_cost_bytes(profile)
+    weights, capacity = quantize([max(int(costs[n]), 0) for n in names], capacity_bytes, config.quantum_bytes)
+    result = solve_knapsack(weights, values, capacity, method=config.solver, workers=config.workers)
+    return {names[i] for i in result.chosen}, f"{result.method} (additive bound)"
 
 
 def _keep_more_if_exact_peak_allows(

@@ -191,3 +191,17 @@ def test_verdict_says_when_the_optimum_was_not_cross_checked() -> None:
     verdict = targets._verdict(Target("issue 3", "B", 10, 100, "hirschberg-w2", min_gcells_per_s=3.0), [row])
     assert "optimum not cross-checked" in verdict["measured"]
     assert verdict["misses"] == ["5e-07 Gcell/s < 3"]
+
+
+def test_prefix_family_side_by_side_with_additive_and_brute_force() -> None:
+    from benchmarks.bench.prefix import PREFIX_METHODS, format_prefix, make_prefix_instance, run_prefix
+
+    instance = make_prefix_instance(12, 5000, seed=3)
+    assert (instance.skip <= instance.take).all() and instance.weights.max() <= 5000 // 4
+    rows = run_prefix([12], [5000], PREFIX_METHODS, seed=3, max_seconds=60)
+    by_method = {row["method"]: row for row in rows}
+    assert all(row["status"] == "ok" and row["fits"] for row in rows)
+    assert by_method["prefix"]["gap_vs_brute"] == pytest.approx(0.0, abs=1e-12)
+    assert by_method["prefix-w2"]["value"] == by_method["prefix"]["value"]
+    assert by_method["prefix"]["value_vs_additive"] >= 1.0
+    assert "value/add" in format_prefix(rows)

@@ -106,3 +106,14 @@ def test_a_mistyped_flag_is_refused_not_taken_as_an_override(capsys):
 
     assert sweep.main(["--config", "configs/gpt-cpu.yaml", "--trials", "4"]) == 2
     assert "unrecognized option '--trials'" in capsys.readouterr().err
+
+
+def test_verdicts_compare_with_the_old_plan_at_the_same_budget() -> None:
+    hands = [_result("none", 200, 1.0), _result("all", 100, 1.5)]
+    auto = _result("auto@1.6e-07GB", 150, 1.2, budget_gb=160e-9)
+    old = PolicyResult(
+        "additive@1.6e-07GB", 160e-9, measured_peak_bytes=120, step_seconds=[1.5], solver="ilp"
+    )
+    (verdict,) = verdicts([*hands, auto, old])  # the old plan is not judged as AutoCheckpoint
+    assert verdict.old_plan_ratio == pytest.approx(1.2 / 1.5)
+    assert "0.800" in sweep.format_verdicts([verdict]) and "vs_old" in sweep.format_verdicts([verdict])

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from benchmarks.bench.harness import BenchOptions, run_grid, run_jobs
 from benchmarks.bench.instances import DEFAULT_N, DEFAULT_W, FAMILIES
 from benchmarks.bench.methods import METHODS
+from benchmarks.bench.prefix import PREFIX_METHODS, format_prefix, run_prefix
 from benchmarks.bench.report import _footer, _header, format_table, write_json, write_plot
 from benchmarks.bench.targets import _format_verdicts, _target_jobs, _targets, _verdict
 from lightning_ckpt.cli import check_output_file, positive_int
@@ -27,6 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="instance seed (default 0)")
     parser.add_argument("--paper", action="store_true", help="add n=2000 at W=1.4e8 and 3.8e8, O(W) methods")
     parser.add_argument("--targets", action="store_true", help="run the issue targets, print PASS/MISS")
+    parser.add_argument(
+        "--prefix",
+        action="store_true",
+        help="the prefix-capacity family (exact peak planning) against the additive solve and brute force,"
+        " over --n and --W (methods: prefix prefix-w2 additive brute)",
+    )
     parser.add_argument(
         "--max-seconds",
         type=float,
@@ -79,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exit_request.code or 0)
     check_output_file("--plot", args.plot)  # before the run, not after it
     check_output_file("--json", args.json)
+    if args.prefix:
+        return _prefix_main(args)
     default_seconds = 600.0 if args.targets else 120.0 if args.paper else 3.0
     options = BenchOptions(
         max_seconds=args.max_seconds or default_seconds,
@@ -102,3 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(report, args.json, vars(args), verdicts)
     return 0 if all(v["passed"] for v in verdicts) else 1
+
+
+def _prefix_main(args: argparse.Namespace) -> int:
+    """``--prefix``: the family-P table (each call in a fresh process, killed past ``--max-seconds``)."""
+    rows = run_prefix(args.n, args.W, PREFIX_METHODS, args.seed, args.max_seconds or 60.0)
+    sys.stdout.write(format_prefix(rows) + "\n")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"arguments": vars(args), "rows": rows}, handle, indent=1)
+    return 0 if all(r.get("fits", True) for r in rows) else 1

@@ -8,7 +8,9 @@ reads) and compares, from the same seeded weights on the same batches:
   checkpointing do);
 - ``every-other``: blocks 0, 2, 4, ... checkpointed;
 - ``auto@<budget>``: :class:`~lightning_ckpt.AutoCheckpoint` at each budget (default: spread between the
-  measured peaks of ``all`` and ``none``).
+  measured peaks of ``all`` and ``none``);
+- ``additive@<budget>`` (with ``--old-plan``): the plan of the additive bound at each budget, what
+  AutoCheckpoint planned before it planned exactly under the peak model.
 
 How memory and time are measured: :mod:`benchmarks.sweep.run`; the tables, verdicts, plot and
 JSON: :mod:`benchmarks.sweep.report`.
@@ -97,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_timing_options(parser)
     parser.add_argument("--seed", type=int, default=1337, help="seed for weights and data (default 1337)")
+    parser.add_argument(
+        "--old-plan",
+        action="store_true",
+        help="also run the plan of the additive bound (solver ilp: the plan before exact peak planning) "
+        "at each budget; vs_old is AutoCheckpoint's step time over its",
+    )
     parser.add_argument("--plot", help="write the step time vs peak memory plot (PNG) here")
     parser.add_argument("--json", help="write every figure as JSON here")
     return parser
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         clock=args.clock,
     )
     with quiet_lightning():
-        results = run_sweep(setup, args.budgets_gb, args.num_budgets, args.rounds)
+        results = run_sweep(setup, args.budgets_gb, args.num_budgets, args.rounds, args.old_plan)
     rows = verdicts(results)
     tables = [
         format_header(setup, args.rounds),

@@ -25,6 +25,7 @@ class BudgetVerdict:
     auto_fits: bool
     best_hand: str | None
     time_ratio: float  # AutoCheckpoint's median step time / the best fitting hand policy's (nan: none fits)
+    old_plan_ratio: float = math.nan  # its median step time / the old plan's at this budget (nan: not run)
 
     @property
     def passed(self) -> bool:
@@ -35,12 +36,18 @@ class BudgetVerdict:
 def verdicts(results: Sequence[PolicyResult]) -> list[BudgetVerdict]:
     """Per AutoCheckpoint budget: does it fit, and how fast is it against the best fitting hand policy."""
     hands = [r for r in results if r.budget_gb is None]
+    olds = {r.budget_gb: r for r in results if r.budget_gb is not None and r.solver is not None}
     out = []
-    for auto in (r for r in results if r.budget_gb is not None):
+    for auto in (r for r in results if r.budget_gb is not None and r.solver is None):
         fitting = [r for r in hands if r.fits(auto.budget_gb)]
         best = min(fitting, key=lambda r: r.median_step_seconds, default=None)
         ratio = auto.median_step_seconds / best.median_step_seconds if best else math.nan
-        out.append(BudgetVerdict(auto.budget_gb, auto.fits(auto.budget_gb), best and best.policy, ratio))
+        old = olds.get(auto.budget_gb)
+        old_ratio = (
+            auto.median_step_seconds / old.median_step_seconds if old and old.error is None else math.nan
+        )
+        fits = auto.fits(auto.budget_gb)
+        out.append(BudgetVerdict(auto.budget_gb, fits, best and best.policy, ratio, old_ratio))
     return out
 
 
@@ -69,12 +76,15 @@ def format_results(results: Sequence[PolicyResult], total_blocks: int) -> str:
 
 def format_verdicts(rows: Sequence[BudgetVerdict]) -> str:
     """Per budget: the best fitting hand policy and AutoCheckpoint's time ratio against it."""
-    lines = [f"{'budget_MB':>10} {'auto_fits':>9} {'best_hand':>12} {'time_ratio':>10}  verdict"]
+    lines = [
+        f"{'budget_MB':>10} {'auto_fits':>9} {'best_hand':>12} {'time_ratio':>10} {'vs_old':>7}  verdict"
+    ]
     for v in rows:
         ratio = f"{v.time_ratio:.3f}" if not math.isnan(v.time_ratio) else "-"
+        old = f"{v.old_plan_ratio:.3f}" if not math.isnan(v.old_plan_ratio) else "-"
         verdict = "ok" if v.passed else ("OVER BUDGET" if not v.auto_fits else f"SLOWER (>{1 + NOISE:.2f})")
         lines.append(
-            f"{v.budget_gb * BYTES_PER_GB / BYTES_PER_MB:>10.2f} {v.auto_fits!s:>9} {v.best_hand or '-':>12} {ratio:>10}  {verdict}"
+            f"{v.budget_gb * BYTES_PER_GB / BYTES_PER_MB:>10.2f} {v.auto_fits!s:>9} {v.best_hand or '-':>12} {ratio:>10} {old:>7}  {verdict}"
         )
     return "\n".join(lines)
 

@@ -42,6 +42,9 @@ from lightning_ckpt.units import BYTES_PER_GB
 log = logging.getLogger(__name__)
 
 HAND_POLICIES = ("none", "all", "every-other")
+OLD_PLAN_SOLVER = "ilp"
+"""The plan before exact peak planning (issue 13): the additive bound solved exactly, then the greedy pass
+(what ``solver="auto"`` planned then; the baseline solvers still plan that way)."""
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
@@ -50,8 +53,10 @@ class PolicyResult:
     """What one policy measured.
 
     Attributes:
-        policy: ``"none"``, ``"all"``, ``"every-other"`` or ``"auto@<budget_gb>"``.
+        policy: ``"none"``, ``"all"``, ``"every-other"``, ``"auto@<budget_gb>"`` or, for the old plan,
+            ``"additive@<budget_gb>"``.
         budget_gb: AutoCheckpoint's budget (``None`` for hand policies).
+        solver: the solver AutoCheckpoint was given when not the config's (the old plan's).
         checkpointed: the modules checkpointed (for AutoCheckpoint, its plan).
         measured_peak_bytes: the measured peak of one whole training step.
         predicted_peak_bytes: AutoCheckpoint's prediction (``None`` for hand policies).
@@ -63,6 +68,7 @@ class PolicyResult:
     policy: str
     budget_gb: float | None
     checkpointed: tuple[str, ...] = ()
+    solver: str | None = None
     measured_peak_bytes: int = 0
     predicted_peak_bytes: int | None = None
     step_seconds: list[float] = field(default_factory=list)
@@ -217,21 +223,24 @@ def hand_policy_blocks(policy: str, candidates: Sequence[str]) -> list[str]:
     return choices[policy]
 
 
-def run_policy(setup: SweepSetup, policy: str, budget_gb: float | None = None) -> PolicyResult:
+def run_policy(
+    setup: SweepSetup, policy: str, budget_gb: float | None = None, solver: str | None = None
+) -> PolicyResult:
     """Train ``warmup_steps + 1`` steps from the seeded weights with one policy; measure the last step.
 
     A hand policy wraps its blocks before training; ``budget_gb`` runs the real AutoCheckpoint callback
-    (it profiles, plans and wraps on the first step).
+    (it profiles, plans and wraps on the first step), with ``solver`` instead of the config's if given.
     """
     L.seed_everything(setup.seed, verbose=False)
     model = setup.run.model.instantiate()
     recorder = _PeakRecorder(measure_step=setup.warmup_steps)
     callbacks: list[Callback] = [recorder]
-    result = PolicyResult(policy, budget_gb)
+    result = PolicyResult(policy, budget_gb, solver=solver)
     if budget_gb is None:
         result.checkpointed = tuple(apply_checkpointing(model, hand_policy_blocks(policy, setup.candidates)))
     else:
-        settings = AutoCheckpointConfig(**{**(setup.run.autocheckpoint or {}), "budget_gb": budget_gb})
+        overrides = {"budget_gb": budget_gb} | ({"solver": solver} if solver else {})
+        settings = AutoCheckpointConfig(**{**(setup.run.autocheckpoint or {}), **overrides})
         callbacks.insert(0, AutoCheckpoint(**dataclasses.asdict(settings)))
     try:
         _fit(setup, model, callbacks, setup.batches)
@@ -304,9 +313,14 @@ def default_budgets_gb(all_peak_bytes: int, none_peak_bytes: int, count: int) ->
 
 
 def run_sweep(
-    setup: SweepSetup, budgets_gb: Sequence[float] | None, num_budgets: int, rounds: int
+    setup: SweepSetup,
+    budgets_gb: Sequence[float] | None,
+    num_budgets: int,
+    rounds: int,
+    old_plan: bool = False,
 ) -> list[PolicyResult]:
-    """Memory runs (hand policies, then AutoCheckpoint at each budget), then one interleaved timing run.
+    """Memory runs (hand policies, then AutoCheckpoint at each budget, and the old plan there too if
+    ``old_plan``), then one interleaved timing run.
 
     Without ``budgets_gb``, the budgets are spread between the measured peaks of ``all`` and ``none``.
     """
@@ -314,10 +328,16 @@ def run_sweep(
     if budgets_gb is None:
         peaks = [results[policy].measured_peak_bytes for policy in ("all", "none")]
         budgets_gb = default_budgets_gb(*peaks, num_budgets)
+    autos = []
     for budget_gb in budgets_gb:
         results[_auto_name(budget_gb)] = run_policy(setup, _auto_name(budget_gb), budget_gb)
+        autos.append(_auto_name(budget_gb))
+        if old_plan:
+            name = f"additive@{budget_gb:.4g}GB"
+            results[name] = run_policy(setup, name, budget_gb, solver=OLD_PLAN_SOLVER)
+            autos.append(name)
         log.info("sweep: %s planned and measured", _auto_name(budget_gb))
-    order = interleaved_order(list(HAND_POLICIES), [_auto_name(b) for b in budgets_gb])
+    order = interleaved_order(list(HAND_POLICIES), autos)
     blocks = {name: results[name].checkpointed for name in order if results[name].error is None}
     for name, step_seconds in time_policies(setup, blocks, rounds).items():
         results[name].step_seconds = step_seconds

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightning_ckpt.solver import baselines, hirschberg, interrupt, parallel
+from lightning_ckpt.solver import baselines, capped, hirschberg, interrupt, parallel
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import SolverOptions, resolve_options
 from lightning_ckpt.solver.reduce import Core, reduce_instance
-from lightning_ckpt.solver.validate import validate_inputs
+from lightning_ckpt.solver.validate import validate_caps, validate_inputs
 from lightning_ckpt.solver.value_profile import KERNEL
 
 __all__ = ["KnapsackResult", "SolveStats", "solve_knapsack"]
@@ -92,6 +92,8 @@ def solve_knapsack(
     method: str = "auto",
     workers: int = 1,
     options: SolverOptions | None = None,
+    prefix_capacities: Sequence[int] | None = None,
+    skip_capacities: Sequence[int] | None = None,
 ) -> KnapsackResult:
     """Choose items maximizing total value with total weight at most ``capacity``.
 
@@ -106,6 +108,12 @@ def solve_knapsack(
             process may use; the answer does not depend on it.
         options: Tunables (``SolverOptions``; None: the defaults); the answer does not depend
             on them either.
+        prefix_capacities: Per item ``i``, the most the chosen items before ``i`` (in the given
+            order) may weigh (integral, >= 0); only ``"auto"`` (a sparse frontier DP first, then the
+            dense one) and ``"hirschberg"`` (dense O(W) only) take it. With ``skip_capacities`` it
+            binds only when item ``i`` is chosen.
+        skip_capacities: Per item ``i``, the most the chosen items before ``i`` may weigh when
+            ``i`` is not chosen (default: ``prefix_capacities``).
 
     Returns:
         A ``KnapsackResult``, its ``stats`` filled. Exact methods return an optimal,
@@ -129,12 +137,20 @@ def solve_knapsack(
         >>> split = solve_knapsack([2, 3, 4], [3.0, 4.0, 5.5], 5, method="hirschberg", options=deep)
         >>> split == result, split.stats == result.stats  # equal answers, different work
         (True, False)
+        >>> caps = {"prefix_capacities": [5, 5, 0], "skip_capacities": [5, 5, 5]}
+        >>> solve_knapsack([2, 3, 4], [3.0, 4.0, 5.5], 5, **caps).chosen  # item 2 only if first
+        (0, 1)
+        >>> solve_knapsack([2, 3, 4], [3.0, 4.0, 7.5], 5, **caps).chosen
+        (2,)
     """
     weight_array, value_array, capacity = validate_inputs(weights, values, capacity, method, workers)
+    caps = validate_caps(prefix_capacities, skip_capacities, len(weight_array), capacity, method)
     workers = _usable_workers(int(workers))
     options = resolve_options(options)
     n = len(weight_array)
     stats = SolveStats(method, KERNEL, n, capacity, core_items=n, core_capacity=capacity)
+    if caps is not None:
+        return _solve_with_caps(weight_array, value_array, capacity, caps, stats, workers, options)
     if method in ("auto", "hirschberg"):
         chosen, stats = _solve_exact(weight_array, value_array, capacity, stats, workers, options)
     elif method == "dp":
@@ -148,6 +164,36 @@ def solve_knapsack(
     if result.weight > capacity:  # a last guard: no method may ever answer over the capacity
         raise AssertionError(f"solver {method!r} chose weight {result.weight} over capacity {capacity}")
     return result
+
+
+def _solve_with_caps(
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    caps: tuple[np.ndarray, np.ndarray],
+    stats: SolveStats,
+    workers: int,
+    options: SolverOptions,
+) -> KnapsackResult:
+    """The capped solver (``capped.py``): for ``"auto"`` the frontier DP in this thread (numpy, short
+    steps), then the dense one in a helper thread (Ctrl-C stops it); a last guard that no cap is broken."""
+    chosen, cells, used, core_capacity = np.zeros(0, dtype=np.bool_), 0, 1, 0
+    if len(weights):
+        answer = None
+        if stats.method == "auto":  # "hirschberg": the dense path only
+            answer = capped.solve_capped(weights, values, capacity, *caps, workers, options, dense=False)
+        if answer is None:
+            stop = interrupt.new_stop_flag()
+            solve = lambda: capped.solve_capped(  # noqa: E731
+                weights, values, capacity, *caps, workers, options, sparse_first=False, stop=stop
+            )
+            answer = interrupt.run_interruptibly(solve, stop, uses_workers=workers > 1)
+        chosen, cells, used, core_capacity = answer
+    broken = capped.cap_violation(weights, chosen, capacity, *caps)
+    if broken is not None:
+        raise AssertionError(f"solver {stats.method!r} with prefix capacities: {broken}")
+    stats = dataclasses.replace(stats, core_capacity=core_capacity, cell_updates=cells, workers_used=used)
+    return _result(weights, values, chosen, stats)
 
 
 def _solve_exact(

@@ -101,8 +101,11 @@ def run_task(
     """Run one task in this process: fill a profile (returns None) or solve a leaf (a mask).
 
     ``grouping`` is ``SolverOptions.grouping``, for the profile kernel; ``stop`` a flag from
-    ``value_profile.new_stop_flag`` (``SolveStopped`` is raised once it is set).
+    ``value_profile.new_stop_flag`` (``SolveStopped`` is raised once it is set). A task of another
+    kind (``capped.CappedTask``) runs itself.
     """
+    if not isinstance(task, Task):
+        return task.run(weights, values, arena, stop)
     out = arena[task.offset : task.offset + task.capacity + 1]
     items = slice(task.lo, task.hi)
     if task.kind == "leaf":

@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Sequence
 from typing import Literal, get_args
 
 import numpy as np
 
 __all__ = [
+    "CAPPED_METHODS",
     "MAX_INTEGER",
     "MAX_VALUE_SUM",
     "MAX_WEIGHT_SUM",
     "MAX_WORKERS",
     "METHODS",
     "Method",
+    "validate_caps",
     "validate_inputs",
 ]
 
@@ -38,6 +41,7 @@ Method = Literal["auto", "hirschberg", "dp", "greedy", "ilp"]
 METHODS: tuple[str, ...] = get_args(Method)
 MAX_WORKERS = 1024
 MAX_INTEGER = 2**48  # weights and capacity: sums of thousands stay exact in int64
+CAPPED_METHODS = ("auto", "hirschberg")  # the methods that take prefix capacities
 MAX_WEIGHT_SUM = 2**62  # all weights together: int64 sums never overflow
 MAX_VALUE_SUM = 1e300  # all values together: float64 sums stay finite, far from overflow
 
@@ -64,7 +68,8 @@ def _real(x: object) -> float | None:
 
 
 def _to_array(name: str, seq: object, kind: str) -> np.ndarray:
-    if isinstance(seq, np.ma.MaskedArray):
+    masked = sys.modules.get("numpy.ma")  # unimported, nothing is masked (importing it costs ~10 ms)
+    if masked is not None and isinstance(seq, masked.MaskedArray):
         raise ValueError(
             f"`{name}` must be a plain sequence of {kind}, got a masked array (fill or compress it)"
         )
@@ -155,3 +160,34 @@ def validate_inputs(
         )
     _check_sums(weight_array, value_array)
     return weight_array, value_array, _integral_scalar("capacity", capacity, 0, MAX_INTEGER, "2**48")
+
+
+def validate_caps(
+    prefix_capacities: object, skip_capacities: object, n_items: int, capacity: int, method: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Check the prefix capacities of ``solve_knapsack``; return ``(take, skip)`` int64 caps, or None
+    when neither is given. ``skip`` defaults to ``prefix_capacities``, which defaults to ``capacity``.
+
+    Raises:
+        ValueError: naming the argument, what is allowed and what was given.
+
+    Example:
+        >>> take, skip = validate_caps([5, 2], None, 2, 9, "auto")
+        >>> take.tolist(), skip.tolist()
+        ([5, 2], [5, 2])
+    """
+    if prefix_capacities is None and skip_capacities is None:
+        return None
+    if method not in CAPPED_METHODS:
+        raise ValueError(
+            f"`method` must be one of {', '.join(map(repr, CAPPED_METHODS))} with prefix capacities,"
+            f" got {method!r}"
+        )
+    caps = []
+    for name, seq in (("prefix_capacities", prefix_capacities), ("skip_capacities", skip_capacities)):
+        array = None if seq is None else _integral_array(name, seq)
+        if array is not None and len(array) != n_items:
+            raise ValueError(f"`{name}` must have one entry per item ({n_items}), got {len(array)}")
+        caps.append(array)
+    take = np.full(n_items, capacity, dtype=np.int64) if caps[0] is None else caps[0]
+    return take, take.copy() if caps[1] is None else caps[1]

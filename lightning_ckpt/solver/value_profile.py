@@ -12,8 +12,10 @@ Two interchangeable back ends compute bit-identical results:
 - ``"numpy"``: a pure-numpy fallback, used when numba is missing or when the environment
   variable ``LIGHTNING_CKPT_NO_NUMBA=1`` is set.
 
-``KERNEL`` names the active one. Each item's update is clipped to the capacities it can reach
-(the prefix sum of the weights so far); the unreachable tail is filled once at the end.
+``KERNEL`` names the back end of large problems; numba is imported (and its cached kernels loaded)
+only when a problem of at least ``NUMPY_MAX_CELLS`` cells comes, so small solves in a fresh process
+take milliseconds. Each item's update is clipped to the capacities it can reach (the prefix sum of
+the weights so far); the unreachable tail is filled once at the end.
 
 Example:
     >>> import numpy as np
@@ -25,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -59,18 +62,30 @@ def raise_if_stopped(stop: np.ndarray) -> None:
         raise SolveStopped("the solve was stopped")
 
 
-def _load_numba_kernels():
+def _numba_wanted() -> bool:
     if os.environ.get("LIGHTNING_CKPT_NO_NUMBA", "") not in ("", "0"):
-        return None
-    try:
-        from lightning_ckpt.solver import _kernels_numba
-    except ImportError:  # numba not installed
-        return None
-    return _kernels_numba
+        return False
+    return importlib.util.find_spec("numba") is not None
 
 
-_BACKEND = _load_numba_kernels() or _kernels_numpy
-KERNEL: str = "numba" if _BACKEND is not _kernels_numpy else "numpy"
+KERNEL: str = "numba" if _numba_wanted() else "numpy"
+NUMPY_MAX_CELLS = 1 << 22
+"""Until numba is loaded, calls below this many DP cells (~20 ms in numpy) run the numpy kernels
+(bit-identical) rather than pay numba's import and cache load (~0.5 s) in a fresh process."""
+_LOADED: list = []
+
+
+def _backend(cells: int):
+    """The kernels for a call of ``cells`` DP cells: numpy when numba is off, or small and not loaded."""
+    if KERNEL == "numpy" or (cells < NUMPY_MAX_CELLS and not _LOADED):
+        return _kernels_numpy
+    if not _LOADED:
+        try:
+            from lightning_ckpt.solver import _kernels_numba
+        except ImportError:  # numba present but broken
+            _kernels_numba = _kernels_numpy
+        _LOADED.append(_kernels_numba)
+    return _LOADED[0]
 
 
 def _as_items(weights: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -114,15 +129,16 @@ def profile(
     """
     weights, values = _as_items(weights, values)
     capacity, stop = int(capacity), new_stop_flag() if stop is None else stop
+    backend = _backend(len(weights) * (capacity + 1))
     out[0] = 0.0
     reach = 0
     if save_at is not None:
-        reach = int(_BACKEND.extend(weights[:save_at], values[:save_at], capacity, out, 0, *grouping, stop))
+        reach = int(backend.extend(weights[:save_at], values[:save_at], capacity, out, 0, *grouping, stop))
         raise_if_stopped(stop)
         saved[: reach + 1] = out[: reach + 1]
         saved[reach + 1 :] = out[reach]
         weights, values = weights[save_at:], values[save_at:]
-    reach = _BACKEND.extend(weights, values, capacity, out, reach, *grouping, stop)
+    reach = backend.extend(weights, values, capacity, out, reach, *grouping, stop)
     raise_if_stopped(stop)
     out[reach + 1 : capacity + 1] = out[reach]
 
@@ -155,10 +171,11 @@ def solve_leaf(
     weights, values = _as_items(weights, values)
     keep_bits = np.zeros((len(weights), (int(capacity) >> 3) + 1), dtype=np.uint8)
     stop = new_stop_flag() if stop is None else stop
-    _BACKEND.fill_leaf(weights, values, int(capacity), out, keep_bits, stop)
+    backend = _backend(len(weights) * (int(capacity) + 1))
+    backend.fill_leaf(weights, values, int(capacity), out, keep_bits, stop)
     raise_if_stopped(stop)
     chosen = np.zeros(len(weights), dtype=np.bool_)
-    _BACKEND.backtrack(weights, int(capacity), keep_bits, chosen)
+    backend.backtrack(weights, int(capacity), keep_bits, chosen)
     return chosen
 
 
@@ -169,7 +186,7 @@ def best_split(left: np.ndarray, right: np.ndarray, capacity: int) -> int:
         >>> best_split(np.array([0.0, 5.0, 5.0]), np.array([0.0, 1.0, 4.0]), 2)
         1
     """
-    return int(_BACKEND.best_split(left, right, int(capacity)))
+    return int(_backend(int(capacity)).best_split(left, right, int(capacity)))
 
 
 def cell_updates(weights: np.ndarray, capacity: int) -> int:

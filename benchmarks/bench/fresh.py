@@ -1,0 +1,91 @@
+"""``python -m benchmarks.bench.fresh``: the first solve in a fresh process, for plan-sized instances.
+
+What a training job pays once: ``import lightning_ckpt.solver`` and its first ``solve_knapsack``. For
+each instance (GPT-like: identical blocks at GPT-2 XL's sizes; family P: heterogeneous layers and a
+large head, ``benchmarks.bench.prefix``), several fresh processes solve it with prefix capacities and,
+side by side, the additive solve of the same items (the plan before); it prints the median of each,
+their ratio, and whether numba was imported.
+
+Example::
+
+    python -m benchmarks.bench.fresh --n 8 48 200 --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+_CODE = """
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np
+from lightning_ckpt.solver import solve_knapsack
+t1 = time.perf_counter()
+from benchmarks.bench.fresh import instance
+w, v, cap, take, skip = instance({kind!r}, {n})
+t2 = time.perf_counter()
+if {additive}:
+    solve_knapsack(w, v, int(min(cap, take.min(), skip.min())))
+else:
+    solve_knapsack(w, v, cap, prefix_capacities=take, skip_capacities=skip)
+t3 = time.perf_counter()
+print(json.dumps({{"import_s": t1 - t0, "solve_s": t3 - t2, "numba": "numba" in sys.modules}}))
+"""
+
+
+def instance(kind: str, n: int):
+    """``(weights, values, W, take caps, skip caps)`` at W = 1.4e8 quanta (GPT-2 XL at 512-byte quanta)."""
+    import numpy as np
+
+    from benchmarks.bench.prefix import make_prefix_instance
+
+    capacity = 140_000_000
+    if kind == "P":
+        p = make_prefix_instance(n, capacity, seed=0)
+        return p.weights, p.values, capacity, p.take, p.skip
+    weights = np.full(n, min(3_078_912, capacity // (n // 2 + 1)), dtype=np.int64)  # identical blocks
+    values = np.random.default_rng(0).uniform(0.5, 1.5, n)
+    take = np.full(n, capacity - 2 * weights[0])  # its own activations and the backward's temporaries
+    return weights, values, capacity, take, take - weights[0] // 2  # checkpointed: the recompute too
+
+
+def _run(kind: str, n: int, additive: bool) -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    code = _CODE.format(kind=kind, n=n, additive=additive)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench.fresh", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--n", nargs="+", type=int, default=[8, 48, 200], help="item counts")
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes per figure")
+    args = parser.parse_args(argv)
+    print("# median (min) over fresh processes; ratio of the medians")
+    header = f"{'kind':<5} {'n':>4} {'prefix_ms':>16} {'additive_ms':>18} {'ratio':>7} {'import_ms':>10}"
+    print(f"{header}  numba(prefix/additive)")
+    for kind in ("GPT", "P"):
+        for n in args.n:
+            runs = {flag: [_run(kind, n, flag) for _ in range(args.runs)] for flag in (False, True)}
+            solve = {flag: [r["solve_s"] * 1e3 for r in rs] for flag, rs in runs.items()}
+            median = {flag: statistics.median(times) for flag, times in solve.items()}
+            shown = {flag: f"{median[flag]:.2f} ({min(solve[flag]):.2f})" for flag in solve}
+            imported = statistics.median(r["import_s"] for r in runs[False]) * 1e3
+            numba = "/".join(str(any(r["numba"] for r in runs[flag])) for flag in (False, True))
+            ratio = median[False] / median[True]
+            print(
+                f"{kind:<5} {n:>4} {shown[False]:>16} {shown[True]:>18} {ratio:>7.3f} {imported:>10.1f}  {numba}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Numba twins of ``capped_profile``'s item updates: compiled loops, bit-identical results.
+
+Each cell takes the larger of the same two sums as the numpy version (``-inf`` where a cap or the
+capacity forbids a choice). Forward profiles update cells downward, backward ones upward, so every
+read sees the profile before the item. Imported only for large problems (see ``capped_profile``).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_jit = numba.njit(cache=True, nogil=True)
+
+
+@_jit
+def forward(weights, values, take, skip, f):  # pragma: no cover - compiled
+    top = len(f) - 1
+    for j in range(len(weights)):
+        w, v, t, s = weights[j], values[j], take[j], skip[j]
+        for c in range(top, -1, -1):
+            best = f[min(c, s)] if s >= 0 else -np.inf
+            if t >= 0 and c >= w:
+                candidate = f[min(c - w, t)] + v
+                if candidate > best:
+                    best = candidate
+            f[c] = best
+
+
+@_jit
+def backward(weights, values, take, skip, h):  # pragma: no cover - compiled
+    top = len(h) - 1
+    for j in range(len(weights) - 1, -1, -1):
+        w, v, t, s = weights[j], values[j], take[j], skip[j]
+        for x in range(top + 1):
+            best = h[x] if x <= s else -np.inf
+            if x <= t and x + w <= top:
+                candidate = h[x + w] + v
+                if candidate > best:
+                    best = candidate
+            h[x] = best
+
+
+@_jit
+def fill_leaf(weights, values, take, skip, f, took):  # pragma: no cover - compiled
+    top = len(f) - 1
+    f[:] = 0.0
+    for j in range(len(weights)):
+        w, v, t, s = weights[j], values[j], take[j], skip[j]
+        for c in range(top, -1, -1):
+            best = f[min(c, s)] if s >= 0 else -np.inf
+            if t >= 0 and c >= w:
+                candidate = f[min(c - w, t)] + v
+                if candidate > best:
+                    best = candidate
+                    took[j, c] = True
+            f[c] = best

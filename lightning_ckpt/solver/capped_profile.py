@@ -1,0 +1,156 @@
+"""Value profiles of a knapsack with prefix capacities: the DP under the capped Hirschberg solver.
+
+Items come in a fixed order. Item ``j`` carries two caps on the chosen weight of the items before
+it: ``take[j]`` when it is chosen, ``skip[j]`` when it is not (a cap below 0 forbids that choice).
+Two profiles, over a segment's relative capacity ``0..C``:
+
+- *forward*: ``f[c]`` = best value of the segment's items with weight at most ``c`` that meet
+  their caps. Item ``j``: ``f'[c] = max(f[min(c, skip)], f[min(c - w, take)] + v)``, the profile
+  capped at ``W_j`` before the item is added;
+- *backward*: ``h[x]`` = best value of the segment's items when the items before the segment
+  weigh at most ``x`` (and everything at most ``C``). Item ``j``, from the last:
+  ``h'[x] = max(h[x] if x <= skip, h[x + w] + v if x <= take)``: the caps ride along.
+
+Infeasible entries are ``-inf``. Each item costs O(C) time; a profile is C + 1 floats. The pure
+numpy versions here serve small calls without loading numba; ``_kernels_capped_numba`` does the
+same arithmetic in compiled loops for large ones (bit-identical: one max of two sums per cell).
+
+Example:
+    >>> f = np.zeros(6)  # items of weight 2 and 3, value 1 and 2; item 1 only if item 0 weighs <= 0
+    >>> forward(np.array([2, 3]), np.array([1.0, 2.0]), np.array([5, 0]), np.array([5, 5]), f)
+    >>> f.tolist()
+    [0.0, 0.0, 1.0, 2.0, 2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightning_ckpt.solver import _kernels_numpy, value_profile
+
+__all__ = ["backward", "forward", "solve_leaf"]
+
+NEG = -np.inf
+
+
+def _compiled(cells: int):
+    """The numba twins for a call of ``cells`` cells, or None for numpy (the same rule as
+    ``value_profile``: numpy while small and numba not yet loaded, or when numba is off)."""
+    if value_profile._backend(cells) is _kernels_numpy:
+        return None
+    try:
+        from lightning_ckpt.solver import _kernels_capped_numba
+    except ImportError:  # numba present but broken
+        return None
+    return _kernels_capped_numba
+
+
+def _as_arrays(weights, values, take, skip) -> tuple[np.ndarray, ...]:
+    return (
+        np.ascontiguousarray(weights, dtype=np.int64),
+        np.ascontiguousarray(values, dtype=np.float64),
+        np.ascontiguousarray(take, dtype=np.int64),
+        np.ascontiguousarray(skip, dtype=np.int64),
+    )
+
+
+def _take_candidates(f: np.ndarray, w: int, v: float, take: int) -> np.ndarray:
+    """``f[min(c - w, take)] + v`` for every ``c`` (``-inf`` where ``c < w`` or ``take < 0``)."""
+    size = len(f)
+    out = np.full(size, NEG)
+    if take < 0 or w >= size:
+        return out
+    span = size - w  # c - w in 0..span - 1
+    direct = min(span, take + 1)
+    out[w : w + direct] = f[:direct] + v
+    if direct < span:
+        out[w + direct :] = f[take] + v
+    return out
+
+
+def forward_item(f: np.ndarray, w: int, v: float, take: int, skip: int) -> None:
+    """Add one item to the forward profile ``f`` in place."""
+    candidates = _take_candidates(f, w, v, take)
+    if skip < 0:
+        f[:] = NEG
+    elif skip + 1 < len(f):
+        f[skip + 1 :] = f[skip]
+    np.maximum(f, candidates, out=f)
+
+
+def forward(
+    weights: np.ndarray, values: np.ndarray, take: np.ndarray, skip: np.ndarray, f: np.ndarray
+) -> None:
+    """Add the items, in order, to the forward profile ``f`` (start from zeros: the empty set)."""
+    for w, v, t, s in zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True):
+        forward_item(f, w, v, t, s)
+
+
+def backward(
+    weights: np.ndarray, values: np.ndarray, take: np.ndarray, skip: np.ndarray, h: np.ndarray
+) -> None:
+    """Add the items, last first, to the backward profile ``h`` (start from zeros).
+
+    Example:
+        >>> h = np.zeros(4)  # one item of weight 2 that fits only when at most 1 comes before it
+        >>> backward(np.array([2]), np.array([5.0]), np.array([1]), np.array([3]), h)
+        >>> h.tolist()
+        [5.0, 5.0, 0.0, 0.0]
+    """
+    size = len(h)
+    compiled = _compiled(len(weights) * size)
+    if compiled is not None:
+        compiled.backward(*_as_arrays(weights, values, take, skip), h)
+        return
+    items = zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True)
+    for w, v, t, s in reversed(list(items)):
+        candidates = np.full(size, NEG)
+        upto = min(t, size - 1 - w)
+        if upto >= 0:
+            candidates[: upto + 1] = h[w : w + upto + 1] + v
+        if s + 1 < size:
+            h[max(s + 1, 0) :] = NEG
+        np.maximum(h, candidates, out=h)
+
+
+def solve_leaf(
+    weights: np.ndarray, values: np.ndarray, take: np.ndarray, skip: np.ndarray, f: np.ndarray
+) -> np.ndarray:
+    """The best set of a small segment at capacity ``len(f) - 1``: forward with a decision bit per
+    item and capacity (take strictly better), then a backtrack from the top. Returns a mask.
+
+    Example:
+        >>> w, v = np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5])
+        >>> solve_leaf(w, v, np.array([5, 5, 5]), np.array([5, 5, 5]), np.zeros(6)).tolist()
+        [True, True, False]
+    """
+    n, size = len(weights), len(f)
+    took = np.zeros((n, size), dtype=np.bool_)
+    compiled = _compiled(n * size)
+    if compiled is not None:
+        compiled.fill_leaf(*_as_arrays(weights, values, take, skip), f, took)
+        return backtrack(weights, take, skip, took, size - 1)
+    f[:] = 0.0
+    for j in range(n):
+        candidates = _take_candidates(f, int(weights[j]), float(values[j]), int(take[j]))
+        s = int(skip[j])
+        if s < 0:
+            f[:] = NEG
+        elif s + 1 < size:
+            f[s + 1 :] = f[s]
+        took[j] = candidates > f
+        np.maximum(f, candidates, out=f)
+    return backtrack(weights, take, skip, took, size - 1)
+
+
+def backtrack(weights: np.ndarray, take: np.ndarray, skip: np.ndarray, took, top: int) -> np.ndarray:
+    """Read the chosen items back from decision bits (``took[j][c]``: item ``j`` taken at ``c``)."""
+    chosen = np.zeros(len(weights), dtype=np.bool_)
+    c = top
+    for j in range(len(weights) - 1, -1, -1):
+        if took[j][c]:
+            chosen[j] = True
+            c = min(c - int(weights[j]), int(take[j]))
+        else:
+            c = min(c, int(skip[j]))
+    return chosen

@@ -1,0 +1,90 @@
+"""Plans against brute force over every kept set under ``predict_peak_bytes`` (heterogeneous blocks)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
+from lightning_ckpt.planner import make_plan
+from tests.hetero_models import profiled
+
+
+def every_kept_set(profile):
+    """Per kept set (rows of a mask): its predicted peak and its recompute seconds."""
+    names = [m.name for m in profile.modules]
+    seconds = np.array([m.recompute_seconds for m in profile.modules])
+    masks = np.array(list(itertools.product([False, True], repeat=len(names))))
+    peaks = np.array(
+        [
+            predict_peak_bytes(profile, [n for n, k in zip(names, kept, strict=True) if not k])
+            for kept in masks
+        ]
+    )
+    return peaks, (~masks) @ seconds
+
+
+@pytest.mark.parametrize("name, seed", [("mixed", 0), ("mixed", 1), ("mixed10", 2), ("unet", 3), ("head", 4)])
+def test_plan_recompute_equals_brute_force_optimum(name, seed):
+    profile = profiled(name, seed=seed)
+    n = len(profile.modules)
+    peaks, recompute = every_kept_set(profile)
+    low = fixed_peak_bytes(profile)
+    for budget in np.linspace(low, peaks.max(), 16 if n > 8 else 24).astype(int).tolist():
+        for quantum in (1, 4096):
+            plan = make_plan(profile, budget, AutoCheckpointConfig(budget_gb=1, quantum_bytes=quantum))
+            assert plan.predicted_peak_bytes == predict_peak_bytes(profile, plan.checkpointed) <= budget
+            best_at_budget = recompute[peaks <= budget].min()
+            best_a_quantum_per_candidate_below = recompute[peaks <= budget - n * quantum].min(initial=np.inf)
+            assert plan.recompute_seconds >= best_at_budget - 1e-12  # the oracle is right
+            assert plan.recompute_seconds <= best_a_quantum_per_candidate_below + 1e-12, (budget, quantum)
+
+
+def test_exact_plan_never_recomputes_more_than_the_additive_plan():
+    """The additive bound plus its greedy pass is a feasible plan, so the exact one is at least as good."""
+    profile = profiled("mixed", seed=5)
+    peaks, _ = every_kept_set(profile)
+    worse = 0
+    for budget in np.linspace(fixed_peak_bytes(profile), peaks.max(), 20).astype(int).tolist():
+        exact = make_plan(profile, budget, AutoCheckpointConfig(budget_gb=1, quantum_bytes=1))
+        additive = make_plan(
+            profile, budget, AutoCheckpointConfig(budget_gb=1, quantum_bytes=1, solver="ilp")
+        )
+        assert exact.recompute_seconds <= additive.recompute_seconds + 1e-12
+        worse += exact.recompute_seconds < additive.recompute_seconds - 1e-12
+    assert worse > 0  # on mixed widths the additive bound does lose somewhere
+
+
+def test_milp_fallback_matches_enumeration(monkeypatch):
+    """Above ``ENUMERATE_MAX_ITEMS`` a non-nested step goes to the MILP (either terms, conditions)."""
+    pytest.importorskip("scipy")
+    from lightning_ckpt.core.memory import fallback
+    from lightning_ckpt.core.memory.points import peak_points
+
+    profile = profiled("unet", seed=6)
+    points, values = peak_points(profile), [m.recompute_seconds for m in profile.modules]
+    peaks, _ = every_kept_set(profile)
+    for budget in np.linspace(fixed_peak_bytes(profile), peaks.max(), 12).astype(int).tolist():
+        enumerated, how = fallback.solve_points(points, values, budget, 64)
+        assert how == "enumeration"
+        monkeypatch.setattr(fallback, "ENUMERATE_MAX_ITEMS", 0)
+        solved, how = fallback.solve_points(points, values, budget, 64)
+        monkeypatch.setattr(fallback, "ENUMERATE_MAX_ITEMS", 14)
+        assert how == "milp"
+        assert np.dot(solved, values) == pytest.approx(np.dot(enumerated, values), rel=1e-9)
+        assert fallback._fits(fallback.quantize_points(points, budget, 64), solved[None, :])[0]
+
+
+def test_a_step_without_candidates_plans_nothing():
+    import dataclasses
+
+    from lightning_ckpt.planner import BudgetTooSmallError
+
+    profile = dataclasses.replace(profiled("mixed"), modules=())
+    peak = predict_peak_bytes(profile, [])
+    assert make_plan(profile, peak).solver_method == "all-fit"
+    with pytest.raises(BudgetTooSmallError):
+        make_plan(profile, peak - 1)
