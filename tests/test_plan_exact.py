@@ -88,3 +88,18 @@ def test_a_step_without_candidates_plans_nothing():
     assert make_plan(profile, peak).solver_method == "all-fit"
     with pytest.raises(BudgetTooSmallError):
         make_plan(profile, peak - 1)
+
+
+def test_more_candidates_than_the_exact_limit_are_planned_on_the_additive_bound(monkeypatch):
+    """Large candidate counts keep the former (fast) additive solve; the plan still fits its budget."""
+    from lightning_ckpt import planner
+
+    profile = profiled("mixed", seed=5)
+    budget = (fixed_peak_bytes(profile) + predict_peak_bytes(profile, [])) // 2
+    exact = planner.make_plan(profile, budget)
+    monkeypatch.setattr(planner, "PEAK_EXACT_MAX_CANDIDATES", len(profile.modules) - 1)
+    additive = planner.make_plan(profile, budget)
+    assert "prefix" in exact.solver_method
+    assert "prefix" not in additive.solver_method
+    assert additive.predicted_peak_bytes <= budget
+    assert exact.recompute_seconds <= additive.recompute_seconds + 1e-12
