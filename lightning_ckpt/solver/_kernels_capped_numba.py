@@ -14,7 +14,7 @@ _jit = numba.njit(cache=True, nogil=True)
 
 
 @_jit
-def forward(weights, values, take, skip, f):  # pragma: no cover - compiled
+def _forward(weights, values, take, skip, f, took, record):  # pragma: no cover - compiled
     top = len(f) - 1
     for j in range(len(weights)):
         w, v, t, s = weights[j], values[j], take[j], skip[j]
@@ -24,7 +24,14 @@ def forward(weights, values, take, skip, f):  # pragma: no cover - compiled
                 candidate = f[min(c - w, t)] + v
                 if candidate > best:
                     best = candidate
+                    if record:
+                        took[j, c] = True
             f[c] = best
+
+
+@_jit
+def forward(weights, values, take, skip, f):  # pragma: no cover - compiled
+    _forward(weights, values, take, skip, f, np.zeros((0, 0), dtype=np.bool_), False)
 
 
 @_jit
@@ -43,15 +50,5 @@ def backward(weights, values, take, skip, h):  # pragma: no cover - compiled
 
 @_jit
 def fill_leaf(weights, values, take, skip, f, took):  # pragma: no cover - compiled
-    top = len(f) - 1
     f[:] = 0.0
-    for j in range(len(weights)):
-        w, v, t, s = weights[j], values[j], take[j], skip[j]
-        for c in range(top, -1, -1):
-            best = f[min(c, s)] if s >= 0 else -np.inf
-            if t >= 0 and c >= w:
-                candidate = f[min(c - w, t)] + v
-                if candidate > best:
-                    best = candidate
-                    took[j, c] = True
-            f[c] = best
+    _forward(weights, values, take, skip, f, took, True)
