@@ -50,3 +50,18 @@ def fit(model: GPT, callbacks=(), max_steps: int = 3, seed: int = 0, **trainer_k
 
 def block_names(model: GPT) -> list[str]:
     return [f"transformer.h.{i}" for i in range(len(model.transformer.h))]
+
+
+def probe_profile(model: L.LightningModule, loader: DataLoader):
+    """The step profile AutoCheckpoint makes on the first batch of ``loader`` (a 1-step fit, no cap)."""
+    from lightning_ckpt import AutoCheckpoint
+
+    probe = AutoCheckpoint(budget_gb=1000, measure=False)
+    fast_trainer([probe], max_steps=1).fit(model, train_dataloaders=loader)
+    return probe.profile
+
+
+def assert_within_two_percent(predicted: int, measured: int, what: str) -> None:
+    """The prediction is within 2% of the measured peak, in both directions."""
+    text = f"{what}: predicted {predicted} B, measured {measured} B ({predicted / measured - 1:+.2%})"
+    assert abs(predicted - measured) <= 0.02 * measured, text

@@ -11,7 +11,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from callback_helpers import fast_trainer, tiny_gpt, token_loader
+from callback_helpers import assert_within_two_percent, fast_trainer, probe_profile, tiny_gpt, token_loader
 from torch import nn
 
 from lightning_ckpt import AutoCheckpoint
@@ -19,7 +19,6 @@ from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_byte
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
 from lightning_ckpt.testing import memory_cap
 
-TOLERANCE = 0.02
 UNREACHABLE = 10**12
 
 
@@ -89,9 +88,7 @@ def _seeded(cls, *args):
 
 
 def _profile(make_model):
-    probe = AutoCheckpoint(budget_gb=1000, measure=False)
-    fast_trainer([probe], max_steps=1).fit(make_model(), train_dataloaders=token_loader())
-    return probe.profile
+    return probe_profile(make_model(), token_loader())
 
 
 def _budgets(profile, count: int) -> list[int]:
@@ -121,18 +118,13 @@ def _plain_loop_peak(make_model, profile, checkpointed) -> int:
     return meter.peak_bytes
 
 
-def _assert_close(predicted: int, measured: int, what: str) -> None:
-    text = f"{what}: predicted {predicted} B, measured {measured} B ({predicted / measured - 1:+.2%})"
-    assert abs(predicted - measured) <= TOLERANCE * measured, text
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_prediction_within_two_percent_under_lightning(name):
     make_model = MODELS[name]
     budgets = _budgets(_profile(make_model), 4 if name == "example-gpt" else 2)
     for budget in budgets:
         predicted, measured = _lightning_peak(make_model, budget)
-        _assert_close(predicted, measured, f"{name} at {budget} B")
+        assert_within_two_percent(predicted, measured, f"{name} at {budget} B")
 
 
 @pytest.mark.parametrize("name", ["example-gpt", "nn.TransformerEncoder", "hf-llama"])
@@ -143,7 +135,7 @@ def test_prediction_within_two_percent_in_a_plain_loop(name):
     for checkpointed in ([], names[::2], names):
         predicted = predict_peak_bytes(profile, checkpointed, zero_grad="before_forward")
         measured = _plain_loop_peak(make_model, profile, checkpointed)
-        _assert_close(predicted, measured, f"{name} {checkpointed}")
+        assert_within_two_percent(predicted, measured, f"{name} {checkpointed}")
 
 
 def test_where_zero_grad_runs_changes_the_prediction_by_at_most_one_gradient_copy():

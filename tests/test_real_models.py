@@ -14,7 +14,7 @@ import warnings
 import lightning as L
 import pytest
 import torch
-from callback_helpers import fast_trainer, tiny_gpt, token_loader
+from callback_helpers import assert_within_two_percent, fast_trainer, probe_profile, tiny_gpt, token_loader
 from real_models import PaddedLM, ResNet, image_loader, padded_token_loader
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # noqa: PLC2701
@@ -26,14 +26,6 @@ from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_byte
 from lightning_ckpt.core.wrapping import apply_checkpointing
 from lightning_ckpt.lightning.checks import explain_recompute_error
 from lightning_ckpt.testing import memory_cap
-
-TOLERANCE = 0.02
-
-
-def _profile(model: L.LightningModule, loader) -> AutoCheckpoint:
-    probe = AutoCheckpoint(budget_gb=1000, measure=False)
-    fast_trainer([probe], max_steps=1).fit(model, train_dataloaders=loader)
-    return probe
 
 
 def _middle_budget(profile) -> int:
@@ -52,17 +44,12 @@ def _sizes(profile) -> list[tuple]:
     return [(m.name, m.activation_bytes, m.input_bytes, m.flops) for m in profile.modules]
 
 
-def _assert_close(predicted: int, measured: int, what: str) -> None:
-    text = f"{what}: predicted {predicted} B, measured {measured} B ({predicted / measured - 1:+.2%})"
-    assert abs(predicted - measured) <= TOLERANCE * measured, text
-
-
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "t5", "bert"])
 def test_padded_transformers_models_with_their_cache_on_train_within_the_budget(kind, caplog, monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.setattr(hf_models, "_SAID", set())  # said once per process: say it again here
     caplog.set_level(logging.INFO, logger="lightning_ckpt.core.hf_models")
-    profile = _profile(PaddedLM(kind), padded_token_loader()).profile
+    profile = probe_profile(PaddedLM(kind), padded_token_loader())
     names = [m.name for m in profile.modules]
     if kind == "t5":  # the decoder's blocks are candidates too
         assert [n for n in names if ".decoder.block." in n] == [f"model.decoder.block.{i}" for i in range(4)]
@@ -72,7 +59,7 @@ def test_padded_transformers_models_with_their_cache_on_train_within_the_budget(
         assert model.model.config.use_cache is not False  # the default: the cache is on
         callback, peak = _capped_fit(model, data, budget)
         assert callback.plan.checkpointed
-        _assert_close(callback.plan.predicted_peak_bytes, peak, f"{kind} at {budget} B")
+        assert_within_two_percent(callback.plan.predicted_peak_bytes, peak, f"{kind} at {budget} B")
     assert model.model.config.use_cache is not False  # left as it was
     if kind != "bert":  # BERT's masked LM takes no cache
         assert "use_cache=False while" in caplog.text
@@ -80,7 +67,7 @@ def test_padded_transformers_models_with_their_cache_on_train_within_the_budget(
 
 def test_transformers_own_checkpointing_is_taken_over_and_restored(caplog):
     pytest.importorskip("transformers")
-    reference = _profile(PaddedLM("gpt2"), padded_token_loader()).profile
+    reference = probe_profile(PaddedLM("gpt2"), padded_token_loader())
     model = PaddedLM("gpt2", own_checkpointing=True)
     assert model.model.is_gradient_checkpointing
     budget = _middle_budget(reference)
@@ -88,7 +75,9 @@ def test_transformers_own_checkpointing_is_taken_over_and_restored(caplog):
         callback, peak = _capped_fit(model, padded_token_loader(), budget)
     assert "turned off the model's own gradient checkpointing (5 module(s)" in caplog.text
     assert _sizes(callback.profile) == _sizes(reference)  # profiled as the plain model: nothing hidden
-    _assert_close(callback.plan.predicted_peak_bytes, peak, "gpt2 with its own checkpointing taken over")
+    assert_within_two_percent(
+        callback.plan.predicted_peak_bytes, peak, "gpt2 with its own checkpointing taken over"
+    )
     assert model.model.is_gradient_checkpointing  # turned back on after the fit
     assert all(layer.gradient_checkpointing for layer in model.model.transformer.h)
 
@@ -122,21 +111,21 @@ def test_a_block_checkpointed_by_the_user_is_counted_as_checkpointed(how):
     wrapped twice, and the prediction counts the block as checkpointed (within 2%)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        profile = _profile(_WrappedGPT(how), token_loader()).profile
+        profile = probe_profile(_WrappedGPT(how), token_loader())
     assert [m.name for m in profile.modules] == [f"gpt.transformer.h.{i}" for i in (1, 2, 3)]
     if how == "inline":
         assert any("['gpt.transformer.h.0'] are recomputed in the backward" in str(w.message) for w in caught)
     for budget in (fixed_peak_bytes(profile), _middle_budget(profile), predict_peak_bytes(profile, [])):
         callback, peak = _capped_fit(_WrappedGPT(how), token_loader(), budget)
-        _assert_close(callback.plan.predicted_peak_bytes, peak, f"{how} GPT at {budget} B")
+        assert_within_two_percent(callback.plan.predicted_peak_bytes, peak, f"{how} GPT at {budget} B")
 
 
 def test_resnet_with_batchnorm_gets_candidates_and_predictions_within_two_percent():
-    profile = _profile(ResNet(), image_loader()).profile
+    profile = probe_profile(ResNet(), image_loader())
     assert [m.name for m in profile.modules] == [f"layer{i}.{j}" for i in (1, 2, 3) for j in (0, 1)]
     for budget in (fixed_peak_bytes(profile), _middle_budget(profile), predict_peak_bytes(profile, [])):
         callback, peak = _capped_fit(ResNet(), image_loader(), budget)
-        _assert_close(callback.plan.predicted_peak_bytes, peak, f"resnet at {budget} B")
+        assert_within_two_percent(callback.plan.predicted_peak_bytes, peak, f"resnet at {budget} B")
 
 
 def test_checkpointed_batchnorm_updates_running_statistics_once_per_step():
@@ -177,7 +166,7 @@ class _SharedBlock(L.LightningModule):
 
 def test_a_block_called_twice_is_left_out_by_name_and_the_rest_is_planned():
     with pytest.warns(UserWarning, match=r"\['gpt.transformer.h.2'\] run more than once per forward"):
-        profile = _profile(_SharedBlock(), token_loader()).profile
+        profile = probe_profile(_SharedBlock(), token_loader())
     assert [m.name for m in profile.modules] == [
         "gpt.transformer.h.0",
         "gpt.transformer.h.1",
@@ -185,7 +174,7 @@ def test_a_block_called_twice_is_left_out_by_name_and_the_rest_is_planned():
     ]
     callback, peak = _capped_fit(_SharedBlock(), token_loader(), _middle_budget(profile))
     assert "gpt.transformer.h.2" not in callback.plan.checkpointed
-    _assert_close(callback.plan.predicted_peak_bytes, peak, "GPT with a shared block")
+    assert_within_two_percent(callback.plan.predicted_peak_bytes, peak, "GPT with a shared block")
 
 
 def test_a_second_autocheckpoint_is_refused_in_setup():

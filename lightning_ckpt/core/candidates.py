@@ -23,7 +23,12 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
-from lightning_ckpt.core.names import example_names, strip_wrapper_prefixes, stripped_modules
+from lightning_ckpt.core.names import (
+    example_names,
+    outermost_matching,
+    strip_wrapper_prefixes,
+    stripped_modules,
+)
 
 __all__ = ["as_target_list", "find_candidates"]
 
@@ -80,11 +85,7 @@ def as_target_list(targets: Sequence[str] | str) -> list[str]:
 
 
 def _repeated_blocks(model: nn.Module, modules: dict[str, nn.Module]) -> list[str]:
-    lists: list[str] = []
-    for name, module in modules.items():
-        inside = any(name.startswith(f"{outer}.") for outer in lists) or "" in lists
-        if not inside and _is_block_list(name, module, modules):
-            lists.append(name)
+    lists = outermost_matching(modules.items(), lambda name, module: _is_block_list(name, module, modules))
     if not lists:
         raise ValueError(
             "`targets` is None, so the blocks of every nn.ModuleList (or nn.Sequential) of repeated modules"

@@ -43,7 +43,7 @@ from typing import Any
 import torch.nn as nn
 
 from lightning_ckpt._compat import FakeTensor
-from lightning_ckpt.core.names import strip_wrapper_prefixes
+from lightning_ckpt.core.names import outermost_matching, strip_wrapper_prefixes
 
 __all__ = ["own_checkpointing_off", "training_without_cache", "unpacked_positions_on_fake_tensors"]
 
@@ -57,7 +57,7 @@ def training_without_cache(model: nn.Module) -> Iterator[list[str]]:
 
     Yields the names of the hooked modules; the hooks are removed on exit.
     """
-    names = _outermost(model, _takes_use_cache)
+    names = outermost_matching(model.named_modules(), lambda _, module: _takes_use_cache(module))
     handles = [
         model.get_submodule(name).register_forward_pre_hook(_no_cache, with_kwargs=True) for name in names
     ]
@@ -117,15 +117,6 @@ def _takes_use_cache(module: nn.Module) -> bool:
         return "use_cache" in inspect.signature(module.forward).parameters
     except (TypeError, ValueError):  # a builtin or C-implemented forward
         return False
-
-
-def _outermost(model: nn.Module, wanted: Callable[[nn.Module], bool]) -> list[str]:
-    names: list[str] = []
-    for name, module in model.named_modules():
-        inside = any(name.startswith(outer + ".") for outer in names if outer) or "" in names
-        if not inside and wanted(module):
-            names.append(name)
-    return names
 
 
 @contextlib.contextmanager

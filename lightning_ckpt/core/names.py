@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch.nn as nn
 
@@ -37,6 +37,25 @@ def stripped_modules(model: nn.Module) -> dict[str, nn.Module]:
     for name, module in model.named_modules():
         modules[strip_wrapper_prefixes(name)] = module  # named_modules yields outer before inner
     return modules
+
+
+def outermost_matching(
+    named: Iterable[tuple[str, nn.Module]], wanted: Callable[[str, nn.Module], bool]
+) -> list[str]:
+    """Names of the modules ``wanted`` accepts that lie inside no other accepted one (in the given order,
+    ``named_modules()`` order: ancestors first).
+
+    Example:
+        >>> model = nn.Sequential(nn.Sequential(nn.Linear(1, 1)), nn.Linear(1, 1))
+        >>> outermost_matching(model.named_modules(), lambda name, m: isinstance(m, nn.Sequential) and name != "")
+        ['0']
+    """
+    names: list[str] = []
+    for name, module in named:
+        inside = "" in names or any(name.startswith(f"{outer}.") for outer in names)
+        if not inside and wanted(name, module):
+            names.append(name)
+    return names
 
 
 def outer_modules(model: nn.Module, name: str) -> list[nn.Module]:

@@ -105,12 +105,12 @@ def profile_step(
             recorder.tracker.enter_phase(_HEAD)
             _backward(loss)
             held_after_backward = recorder.tracker.live_bytes  # the loss (and copies) the loop still holds
-        repeated = _called_more_than_once(recorder)
-        if repeated:
+        left_out = _left_out(recorder)
+        if left_out:
             return profile_step(
                 model,
                 step_fn,
-                [c for c in candidates if c not in repeated],
+                [c for c in candidates if c not in left_out],
                 cost,
                 optimizer=optimizer,
                 batch=batch,
@@ -126,7 +126,7 @@ def profile_step(
     )
 
 
-def _called_more_than_once(recorder: Recorder) -> list[str]:
+def _left_out(recorder: Recorder) -> list[str]:
     """Candidates to leave out, with a warning: those called more than once in the forward (shared
     blocks: the memory model has one forward span per candidate), and those the backward calls again
     (checkpointed already, e.g. by ``torch.utils.checkpoint`` in the user's code)."""

@@ -96,7 +96,7 @@ def _fake_profile(
             profile = profile_step(
                 pl_module, step_fn, candidates, "flops", optimizer=optimizer, batch=fake_batch
             )
-            optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)
+            optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)  # the twins already made
     except Exception as error:  # data-dependent ops, .item(), kernels without a fake implementation
         warnings.warn(  # on every rank: the ranks that fall back are the ones that may go over
             f"AutoCheckpoint: the training step does not run on fake tensors ({type(error).__name__}: {error});"
@@ -113,11 +113,7 @@ def _fsdp_profile(
     """FSDP: memory on a fake full-size twin (static memory sharded), the optimizer step's temporaries on
     fake twins of the live sharded parameters."""
     profile = fsdp_twin_profile(trainer, pl_module, batch, candidates)
-    if profile is None:
-        return None
-    with fake_model(pl_module) as fake:
-        optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)
-    return dataclasses.replace(profile, optimizer_step_bytes=optimizer_bytes)
+    return None if profile is None else _with_optimizer_step(profile, pl_module, optimizer)
 
 
 def _real_profile(
@@ -132,7 +128,12 @@ def _real_profile(
     step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
     with untouched_training_state(pl_module), no_gradient_sync(trainer):
         profile = profile_step(pl_module, step_fn, candidates, cost=cost, optimizer=optimizer, batch=batch)
-    with fake_model(pl_module) as fake:  # the optimizer step needs no step to run: measured on fake twins
+    return _with_optimizer_step(profile, pl_module, optimizer)
+
+
+def _with_optimizer_step(profile: StepProfile, pl_module: pl.LightningModule, optimizer: Any) -> StepProfile:
+    """The optimizer step's temporaries, measured on fake twins of the live parameters (no step runs)."""
+    with fake_model(pl_module) as fake:
         optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)
     return dataclasses.replace(profile, optimizer_step_bytes=optimizer_bytes)
 
