@@ -24,7 +24,7 @@ import torch
 
 from lightning_ckpt._compat import tree_map_only
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.offline.fake_step import _fake_profile
+from lightning_ckpt.offline.fake_step import profile_run_on_fake_tensors
 from lightning_ckpt.offline.run_config import ClassSpec, RunConfig
 
 __all__ = ["fsdp_run_config", "fsdp_twin_profile"]
@@ -37,7 +37,7 @@ def fsdp_twin_profile(
     run = fsdp_run_config(trainer, pl_module)
     cpu_batch = tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu"), batch)
     try:
-        profiled = _fake_profile(run, None, cpu_batch)
+        profiled = profile_run_on_fake_tensors(run, None, cpu_batch)
     except Exception as error:  # a constructor that needs more than its hparams, a non-fake step, ...
         warnings.warn(
             f"AutoCheckpoint: FSDP: cannot build a fake twin of {type(pl_module).__name__} from its saved"

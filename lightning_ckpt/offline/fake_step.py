@@ -35,7 +35,13 @@ from lightning_ckpt.lightning.step import PrecisionOnlyTrainer, training_loss_fn
 from lightning_ckpt.offline.run_config import ClassSpec, RunConfig
 from lightning_ckpt.offline.static import _FakeModel, _param_dtypes, _static_memory
 
-__all__ = ["first_batch", "precision_plugin", "profile_training_step"]
+__all__ = [
+    "RunProfile",
+    "first_batch",
+    "precision_plugin",
+    "profile_run_on_fake_tensors",
+    "profile_training_step",
+]
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +114,9 @@ def profile_training_step(
 
 
 @dataclass(frozen=True)
-class _Profiled:
+class RunProfile:
+    """A run config's step profiled on fake tensors, with what the plan report needs besides."""
+
     profile: StepProfile
     """With the strategy's per-device static memory in place of the single-replica one."""
     num_parameters: int
@@ -116,7 +124,10 @@ class _Profiled:
     static: StaticMemory
 
 
-def _fake_profile(run: RunConfig, targets: Sequence[str] | None, batch: Any) -> _Profiled:
+def profile_run_on_fake_tensors(run: RunConfig, targets: Sequence[str] | None, batch: Any) -> RunProfile:
+    """The run's model built fake (its ``configure_model`` too) in the strategy's dtypes, its step on
+    ``batch`` made fake, and the strategy's per-device static memory (``lightning-ckpt plan``, and the
+    callback's FSDP twin)."""
     master_dtype, compute_dtype = _param_dtypes(run)
     mode = FakeTensorMode()
     with mode:
@@ -127,7 +138,7 @@ def _fake_profile(run: RunConfig, targets: Sequence[str] | None, batch: Any) -> 
         optimizer = _configured_optimizer(model)
         profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer)
     static = _static_memory(run, _FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
-    return _Profiled(
+    return RunProfile(
         profile=dataclasses.replace(profile, static=static),
         num_parameters=sum(p.numel() for p in model.parameters()),
         batch_shapes=tuple(tuple(t.shape) for t in tree_leaves(batch) if isinstance(t, torch.Tensor)),

@@ -19,8 +19,8 @@ from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.offline.fake_step import (
-    _fake_profile,
     first_batch,
+    profile_run_on_fake_tensors,
 )
 from lightning_ckpt.offline.run_config import RunConfig, load_run_config
 from lightning_ckpt.plan import CheckpointPlan
@@ -133,7 +133,7 @@ def plan_offline(
         raise ValueError(
             f"the config {str(config_path)!r} must name a `data` module (the batch shape comes from it)"
         )
-    profiled = _fake_profile(run, settings.targets, first_batch(run.data))
+    profiled = profile_run_on_fake_tensors(run, settings.targets, first_batch(run.data))
     profile = _with_seconds(profiled.profile, tflops)
     settings = dataclasses.replace(settings, cost="flops")  # nothing to time offline
     plan = make_plan(profile, settings.budget_bytes, settings, notes=_notes(run))
