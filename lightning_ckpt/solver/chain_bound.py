@@ -1,0 +1,157 @@
+"""Upper bounds for a knapsack with prefix capacities: the LP over its chain of prefix caps.
+
+Whatever item ``k`` does, the chosen items before it weigh at most ``max(take[k], skip[k])``; so, as
+chosen weights only grow, at most ``M[k]`` (the smallest of those caps from ``k`` on, ``M[n] = W``).
+These caps form a chain of nested prefix constraints. Their LP relaxation has a dual that pool
+adjacent violators solves exactly: between two cuts (where ``M`` rises) a group of items has one
+price per unit of weight, the prices never rise from group to group, and each run of groups pooled
+together is priced at its fractional knapsack's break ratio. The dual gives
+
+- the LP bound ``upper`` and each item's reduced value ``v - w * price``: forcing an item against its
+  LP side costs at least its reduced value (reduced-cost fixing);
+- a bound of a partial solution linear in its weight (``StateBounds.lagrange``), and a fractional
+  knapsack bound per state (``StateBounds.dantzig``) over the items still to come, split at the
+  binding cuts.
+
+Example:
+    >>> w, v = np.array([2, 2, 2]), np.array([3.0, 2.0, 4.0])
+    >>> caps = suffix_caps(np.array([4, 0, 4]), np.array([4, 0, 4]), 4)
+    >>> caps.tolist()  # item 1 needs nothing chosen before it, so item 0 is never chosen
+    [0, 0, 4, 4]
+    >>> dual = chain_dual(w, v, caps, np.ones(3, dtype=bool))
+    >>> dual.upper, dual.reduced.tolist()  # items 1 and 2; item 0 priced at its own ratio
+    (6.0, [0.0, 2.0, 4.0])
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["ChainDual", "StateBounds", "chain_dual", "suffix_caps"]
+
+
+def suffix_caps(take: np.ndarray, skip: np.ndarray, capacity: int) -> np.ndarray:
+    """``M[k]`` (``k = 0..n``): the most the chosen items before ``k`` can weigh in any feasible set."""
+    caps = np.append(np.maximum(take, skip), capacity)
+    return np.minimum.accumulate(caps[::-1])[::-1]
+
+
+class ChainDual(NamedTuple):
+    """The chain LP's optimal dual: a price per item (``price[n] = 0``), reduced values and the bound."""
+
+    price: np.ndarray
+    reduced: np.ndarray
+    upper: float
+
+
+def _ratios(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(weights > 0, values / np.maximum(weights, 1), np.inf)
+
+
+def _break_ratio(weights: np.ndarray, values: np.ndarray, room: int) -> float:
+    """The price at which a fractional knapsack of ``room`` fills: the break item's ratio (0 if all fit)."""
+    ratio = _ratios(weights, values)
+    order = np.argsort(-ratio, kind="stable")
+    at = int(np.searchsorted(np.cumsum(weights[order]), room, side="right"))
+    return float(ratio[order[at]]) if at < len(order) else 0.0
+
+
+def chain_dual(weights: np.ndarray, values: np.ndarray, caps: np.ndarray, usable: np.ndarray) -> ChainDual:
+    """The dual of the chain LP (``caps`` from ``suffix_caps``); items not ``usable`` are never chosen."""
+    n = len(weights)
+    cuts = np.append(np.flatnonzero(caps[1:n] < caps[2:]) + 1, n).tolist()
+    blocks: list[tuple[int, int, int, float]] = []  # (first item, end, room, price)
+    start, before = 0, 0
+    for end in cuts:
+        block = (start, end, int(caps[end]) - before)
+        start, before = end, int(caps[end])
+        while True:
+            lo, hi, room = block
+            price = _break_ratio(weights[lo:hi][usable[lo:hi]], values[lo:hi][usable[lo:hi]], room)
+            if not blocks or blocks[-1][3] >= price:
+                break
+            lo0, _, room0, _ = blocks.pop()  # a later group priced higher: pool the two
+            block = (lo0, hi, room0 + room)
+        blocks.append((*block, price))
+    price = np.zeros(n + 1)
+    for lo, hi, _, block_price in blocks:
+        price[lo:hi] = block_price
+    reduced = np.where(usable, values - weights * price[:n], -np.inf)
+    upper = sum(room * p for _, _, room, p in blocks) + float(np.maximum(reduced, 0.0).sum())
+    return ChainDual(price, reduced, upper)
+
+
+class _Dantzig:
+    """Fractional-knapsack bounds over a set of items that shrinks as the DP passes them."""
+
+    def __init__(self, order: np.ndarray, weights: np.ndarray, values: np.ndarray, members: np.ndarray):
+        self.weights = np.where(members[order], weights[order], 0)
+        self.values = np.where(members[order], values[order], 0.0)
+        self.position = np.empty(len(order), dtype=np.int64)
+        self.position[order] = np.arange(len(order))
+        self.cum_weights = np.concatenate(([0], np.cumsum(self.weights)))
+        self.cum_values = np.concatenate(([0.0], np.cumsum(self.values)))
+        self.ratio = np.append(np.where(self.weights > 0, _ratios(self.weights, self.values), 0.0), 0.0)
+
+    def remove(self, item: int) -> None:
+        at = self.position[item]
+        if self.weights[at] or self.values[at]:
+            self.cum_weights[at + 1 :] -= self.weights[at]
+            self.cum_values[at + 1 :] -= self.values[at]
+            self.weights[at], self.values[at] = 0, 0.0
+
+    def bound(self, room: np.ndarray) -> np.ndarray:
+        """The best fractional value within ``room`` (``-inf`` where ``room < 0``)."""
+        whole = np.searchsorted(self.cum_weights[1:], room, side="right")
+        partial = (room - self.cum_weights[whole]) * self.ratio[whole]
+        return np.where(room >= 0, self.cum_values[whole] + partial, -np.inf)
+
+
+class StateBounds:
+    """Bounds on the best completion of the DP's states: after item ``j``, a state of chosen weight
+    ``x`` and value ``val`` can reach at most ``lagrange(j, x, val)`` and ``dantzig(j, x, val)``.
+
+    ``take < 0`` marks items fixed out, ``skip < 0`` items fixed in; call ``passed(j)`` after each item.
+    """
+
+    MAX_CUTS = 3
+
+    def __init__(self, weights, values, capacity, caps, dual: ChainDual, take, skip) -> None:
+        n = len(weights)
+        reduced = np.where(take < 0, 0.0, np.where(skip < 0, dual.reduced, np.maximum(dual.reduced, 0.0)))
+        self.tail = np.append(np.cumsum(reduced[::-1])[::-1], 0.0)
+        step = np.append(dual.price[:n] - dual.price[1:], 0.0)  # the multiplier of cap k (k = 1..n)
+        priced = np.concatenate(([0.0], step[:n] * caps[1:]))
+        self.priced_caps = np.append(np.cumsum(priced[::-1])[::-1], 0.0)
+        self.price, self.caps, self.capacity = dual.price, caps, capacity
+        order = np.lexsort((np.arange(n), -_ratios(weights, values)))
+        member, index = take >= 0, np.arange(n)
+        binding = (np.flatnonzero(step[: n - 1] > 0) + 1).tolist()[-self.MAX_CUTS :]
+        self.everything = _Dantzig(order, weights, values, member)
+        self.cuts = [
+            (
+                k,
+                _Dantzig(order, weights, values, member & (index < k)),
+                _Dantzig(order, weights, values, member & (index >= k)),
+            )
+            for k in binding
+        ]
+
+    def passed(self, j: int) -> None:
+        self.everything.remove(j)
+        for k, before, after in self.cuts:
+            (before if j < k else after).remove(j)
+
+    def lagrange(self, j: int, weight: np.ndarray, value: np.ndarray) -> np.ndarray:
+        return value + self.priced_caps[j + 2] - self.price[j + 1] * weight + self.tail[j + 1]
+
+    def dantzig(self, j: int, weight: np.ndarray, value: np.ndarray) -> np.ndarray:
+        room = self.capacity - weight
+        bound = self.everything.bound(room)
+        for k, before, after in self.cuts:
+            if k > j + 1:
+                bound = np.minimum(bound, before.bound(self.caps[k] - weight) + after.bound(room))
+        return value + bound
