@@ -3,7 +3,9 @@
 Follows karpathy/nanoGPT ``model.py``: a config dataclass, causal self-attention, an MLP, a ``Block``
 repeated ``n_layer`` times in an ``nn.ModuleList`` at ``transformer.h``, and a language-model head tied
 to the token embedding. The ``nn.Module`` parts (``GPTConfig``, ``Block``, ``Transformer``) need no
-Trainer; ``GPT`` adds the training loop pieces Lightning calls.
+Trainer; ``GPT`` adds the training loop pieces Lightning calls. One addition to nanoGPT: ``mlp_ratios``
+can give each block its own MLP width, so that blocks differ in activation memory and recompute time
+(``configs/gpt-mixed-cpu.yaml``).
 
 Example:
     >>> import torch
@@ -14,6 +16,9 @@ Example:
     ((3, 8, 256), 0)
     >>> [name for name, _ in model.named_modules() if name.startswith("transformer.h.")][:2]
     ['transformer.h.0', 'transformer.h.0.ln_1']
+    >>> mixed = GPT(block_size=8, n_layer=2, n_head=2, n_embd=16, mlp_ratios=[1, 8])  # MLP widths per block
+    >>> [block.mlp.c_fc.out_features for block in mixed.transformer.h]
+    [16, 128]
 """
 
 from __future__ import annotations
@@ -29,7 +34,16 @@ from torch import nn
 
 @dataclass
 class GPTConfig:
-    """Sizes of the model; the defaults are a small CPU-sized GPT."""
+    """Sizes of the model; the defaults are a small CPU-sized GPT.
+
+    Example:
+        >>> GPTConfig(n_layer=3, mlp_ratios=[1, 8, 2]).mlp_ratios  # kept as a tuple
+        (1.0, 8.0, 2.0)
+        >>> GPTConfig(n_layer=3, mlp_ratios=[1, 8])
+        Traceback (most recent call last):
+        ...
+        ValueError: `mlp_ratios` must have one ratio per block (n_layer=3), got 2: [1, 8]
+    """
 
     block_size: int = 256
     """Context length: the most tokens the model attends over."""
@@ -45,6 +59,9 @@ class GPTConfig:
     """Dropout probability on attention weights and residual branches (0 turns it off)."""
     bias: bool = True
     """Biases in Linear and LayerNorm layers (False is slightly faster, as in GPT-2 follow-ups)."""
+    mlp_ratios: tuple[float, ...] | None = None
+    """Each block's MLP hidden width as a multiple of ``n_embd`` (rounded to whole units), one per block;
+    None = 4 for every block, as in GPT-2."""
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -58,6 +75,30 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}")
+        if self.mlp_ratios is not None:
+            self.mlp_ratios = _checked_mlp_ratios(self.mlp_ratios, self.n_layer, self.n_embd)
+
+    def mlp_ratio(self, layer: int) -> float:
+        """Block ``layer``'s MLP hidden width as a multiple of ``n_embd`` (4, as in GPT-2, by default)."""
+        return 4.0 if self.mlp_ratios is None else self.mlp_ratios[layer]
+
+
+def _checked_mlp_ratios(ratios: object, n_layer: int, n_embd: int) -> tuple[float, ...]:
+    """``ratios`` as a tuple of floats, if it holds ``n_layer`` ratios that each give a hidden layer."""
+    if isinstance(ratios, (str, bytes)) or not hasattr(ratios, "__len__"):
+        raise ValueError(f"`mlp_ratios` must be a list of {n_layer} positive numbers or None, got {ratios!r}")
+    if len(ratios) != n_layer:
+        raise ValueError(
+            f"`mlp_ratios` must have one ratio per block (n_layer={n_layer}), got {len(ratios)}: {list(ratios)}"
+        )
+    for ratio in ratios:
+        is_number = isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio)
+        if not is_number or round(ratio * n_embd) < 1:
+            raise ValueError(
+                f"`mlp_ratios` must hold positive numbers that give at least one hidden unit "
+                f"(ratio x n_embd={n_embd} >= 0.5), got {ratio!r} in {list(ratios)}"
+            )
+    return tuple(float(ratio) for ratio in ratios)
 
 
 class CausalSelfAttention(nn.Module):
@@ -84,29 +125,30 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward network, 4x wider in the middle."""
+    """Position-wise feed-forward network, ``ratio`` times wider in the middle (4 in GPT-2)."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, ratio: float = 4.0) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        hidden = round(ratio * config.n_embd)  # H = 4C in GPT-2
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.gelu(self.c_fc(x))  # (B, T, 4C)
+        x = self.gelu(self.c_fc(x))  # (B, T, H)
         return self.dropout(self.c_proj(x))  # (B, T, C)
 
 
 class Block(nn.Module):
     """One transformer block: pre-norm attention then pre-norm MLP, each on a residual branch."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, mlp_ratio: float = 4.0) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, mlp_ratio)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))  # (B, T, C)
@@ -128,7 +170,7 @@ class Transformer(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
         self.wpe = nn.Embedding(config.block_size, config.n_embd)  # position embedding
         self.drop = nn.Dropout(config.dropout)
-        self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.h = nn.ModuleList([Block(config, config.mlp_ratio(i)) for i in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -170,6 +212,8 @@ class GPT(L.LightningModule):
         n_embd: Width of the residual stream.
         dropout: Dropout probability (0 turns it off).
         bias: Biases in Linear and LayerNorm layers.
+        mlp_ratios: Each block's MLP hidden width as a multiple of ``n_embd``, one per block
+            (``n_layer`` of them); ``None`` = 4 for every block, as in GPT-2.
         learning_rate: AdamW learning rate.
         weight_decay: AdamW weight decay, applied to matrices and embeddings only.
         betas: AdamW betas.
@@ -184,13 +228,14 @@ class GPT(L.LightningModule):
         n_embd: int = 128,
         dropout: float = 0.0,
         bias: bool = True,
+        mlp_ratios: list[float] | None = None,
         learning_rate: float = 1e-3,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.config = GPTConfig(block_size, vocab_size, n_layer, n_head, n_embd, dropout, bias)
+        self.config = GPTConfig(block_size, vocab_size, n_layer, n_head, n_embd, dropout, bias, mlp_ratios)
         self.transformer = Transformer(self.config)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying: one matrix, two uses

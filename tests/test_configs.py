@@ -9,11 +9,13 @@ import pytest
 
 from examples.data import CharDataModule
 from examples.gpt import GPT, Block, GPTConfig
+from lightning_ckpt.offline.plan import plan_offline
 from lightning_ckpt.offline.run_config import load_run_config
 
 ALL_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 CONFIGS = [path for path in ALL_CONFIGS if not path.name.startswith("llama-hf")]  # the GPT example's
 HF_CONFIG = ALL_CONFIGS[0].parent / "llama-hf-cpu.yaml"
+MIXED_CONFIG = ALL_CONFIGS[0].parent / "gpt-mixed-cpu.yaml"
 _CALLBACK_ARGS = {"budget_gb", "targets", "cost", "solver", "quantum_bytes", "workers"}
 _KEY = re.compile(r"^\s*(- )?[\w.]+:")  # a YAML key, with or without a value on its line
 
@@ -68,6 +70,18 @@ def test_ddp_config_is_one_node_bf16_gpt2_small() -> None:
     assert run.trainer["precision"] == "bf16-mixed"
     args = run.model.init_args
     assert (args["n_layer"], args["n_head"], args["n_embd"], args["block_size"]) == (12, 12, 768, 1024)
+
+
+def test_the_mixed_config_has_blocks_of_different_sizes_and_a_budget_that_checkpoints_some() -> None:
+    ratios = load_run_config(MIXED_CONFIG).model.init_args["mlp_ratios"]
+    small_text = ["--data.init_args.max_chars", "20000"]  # the batch shape is the config's
+    plan = plan_offline(MIXED_CONFIG, overrides=small_text).plan  # fake tensors: profiled without compute
+    activations = [item.activation_bytes for item in plan.items]
+    assert len(activations) == len(ratios) == 8 and len(set(ratios)) > 2
+    by_ratio = sorted(range(8), key=lambda i: (ratios[i], i))
+    assert by_ratio == sorted(range(8), key=lambda i: (activations[i], i))  # wider MLP, more activations
+    assert max(activations) > 3 * min(activations)
+    assert 0 < len(plan.checkpointed) < 8 and plan.fits  # the config's budget checkpoints some blocks
 
 
 def test_the_llama_config_trains_a_padded_transformers_llama_with_autocheckpoint(tmp_path: Path) -> None:

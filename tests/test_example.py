@@ -45,6 +45,40 @@ def test_gpt_config_rejects_bad_sizes(sizes: dict, message: str) -> None:
         GPTConfig(**sizes)
 
 
+@pytest.mark.parametrize(
+    ("ratios", "message"),
+    [
+        ([4, 4, 4], r"`mlp_ratios` must have one ratio per block \(n_layer=2\), got 3: \[4, 4, 4\]"),
+        ([4, 0], r"`mlp_ratios` must hold positive numbers .* got 0 in \[4, 0\]"),
+        ([4, -1.0], r"`mlp_ratios` must hold positive numbers .* got -1.0 in \[4, -1.0\]"),
+        ([4, float("nan")], r"`mlp_ratios` must hold positive numbers .* got nan"),
+        ([4, "8"], r"`mlp_ratios` must hold positive numbers .* got '8'"),
+        ("48", r"`mlp_ratios` must be a list of 2 positive numbers or None, got '48'"),
+    ],
+)
+def test_gpt_config_rejects_bad_mlp_ratios(ratios, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**TINY, mlp_ratios=ratios)
+
+
+def test_mlp_ratios_set_each_blocks_width_and_the_default_model_is_unchanged() -> None:
+    torch.manual_seed(0)
+    default = GPT(**TINY)
+    torch.manual_seed(0)
+    explicit = GPT(**TINY, mlp_ratios=[4, 4])
+    assert default.transformer.h[0].mlp.c_fc.out_features == 4 * TINY["n_embd"]
+    for (name, tensor), (other_name, other) in zip(
+        default.state_dict().items(), explicit.state_dict().items(), strict=True
+    ):
+        assert name == other_name
+        torch.testing.assert_close(tensor, other)
+    mixed = GPT(**TINY, mlp_ratios=[1, 2.5])
+    assert [block.mlp.c_fc.out_features for block in mixed.transformer.h] == [16, 40]
+    assert mixed.state_dict().keys() == default.state_dict().keys()
+    # saved with the other arguments, so LightningCLI's config.yaml and checkpoints rebuild the same model
+    assert mixed.hparams.mlp_ratios == [1, 2.5]
+
+
 def test_sequence_longer_than_block_size_is_refused() -> None:
     with pytest.raises(ValueError, match="sequence length must be at most block_size=16, got 17"):
         GPT(**TINY)(torch.zeros(1, 17, dtype=torch.long))
