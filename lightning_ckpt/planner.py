@@ -25,8 +25,10 @@ import math
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from lightning_ckpt.config import AutoCheckpointConfig
-from lightning_ckpt.core.memory.choose import choose_kept
+from lightning_ckpt.core.memory.choose import choose_kept, keep_more_that_fits
 from lightning_ckpt.core.memory.model import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.plan import CheckpointPlan, PlanItem
@@ -76,12 +78,6 @@ def item_values(profile: StepProfile, cost: Cost) -> list[float]:
     return [float(max(m.flops, 0)) for m in profile.modules]
 
 
-PEAK_EXACT_MAX_CANDIDATES = 256
-"""Above this many candidates the plan is solved on the additive bound (exact for it, then a pass that
-keeps more where the peak model allows), as before issue 13: the prefix-capacity solve of mixed blocks
-was measured at 34 ms for 200 candidates but over 30 s for 500 at W = 1.4e8."""
-
-
 def make_plan(
     profile: StepProfile,
     budget_bytes: int,
@@ -108,7 +104,7 @@ def make_plan(
         raise BudgetTooSmallError(budget_bytes, fixed_bytes, len(names))
     values = item_values(profile, config.cost)
     start = time.perf_counter()
-    if config.solver in EXACT_SOLVERS and len(names) <= PEAK_EXACT_MAX_CANDIDATES:
+    if config.solver in EXACT_SOLVERS:
         mask, method = choose_kept(
             profile,
             int(budget_bytes),
@@ -122,7 +118,8 @@ def make_plan(
         kept, method = set(names), "all-fit"
     else:
         kept, method = _solve_additive(profile, capacity_bytes, values, config)
-        kept |= _keep_more_if_exact_peak_allows(profile, kept, values, budget_bytes)
+        mask = keep_more_that_fits(profile, np.array([n in kept for n in names]), values, int(budget_bytes))
+        kept = {name for name, keep in zip(names, mask.tolist(), strict=True) if keep}
     solver_seconds = time.perf_counter() - start
     checkpointed = tuple(n for n in names if n not in kept)
     predicted_bytes = int(predict_peak_bytes(profile, checkpointed))
@@ -151,20 +148,6 @@ def _solve_additive(
     weights, capacity = quantize([max(int(costs[n]), 0) for n in names], capacity_bytes, config.quantum_bytes)
     result = solve_knapsack(weights, values, capacity, method=config.solver, workers=config.workers)
     return {names[i] for i in result.chosen}, f"{result.method} (additive bound)"
-
-
-def _keep_more_if_exact_peak_allows(
-    profile: StepProfile, kept: set[str], values: Sequence[float], budget_bytes: int
-) -> set[str]:
-    """Checkpointed modules that can be kept anyway under the exact prediction, most valuable first."""
-    names = [m.name for m in profile.modules]
-    order = sorted((i for i, n in enumerate(names) if n not in kept), key=lambda i: (-values[i], i))
-    extra: set[str] = set()
-    for i in order:
-        trial = kept | extra | {names[i]}
-        if predict_peak_bytes(profile, [n for n in names if n not in trial]) <= budget_bytes:
-            extra.add(names[i])
-    return extra
 
 
 def _plan_item(module_profile) -> PlanItem:

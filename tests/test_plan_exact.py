@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -90,16 +91,32 @@ def test_a_step_without_candidates_plans_nothing():
         make_plan(profile, peak - 1)
 
 
-def test_more_candidates_than_the_exact_limit_are_planned_on_the_additive_bound(monkeypatch):
-    """Large candidate counts keep the former (fast) additive solve; the plan still fits its budget."""
-    from lightning_ckpt import planner
+def test_many_mixed_candidates_are_planned_exactly():
+    """No candidate limit: 60 mixed blocks go to the exact solve, which beats or equals the additive
+    plan (``dp`` and its keep-more pass) at every budget; both fit."""
+    import random
 
-    profile = profiled("mixed", seed=5)
-    budget = (fixed_peak_bytes(profile) + predict_peak_bytes(profile, [])) // 2
-    exact = planner.make_plan(profile, budget)
-    monkeypatch.setattr(planner, "PEAK_EXACT_MAX_CANDIDATES", len(profile.modules) - 1)
-    additive = planner.make_plan(profile, budget)
-    assert "prefix" in exact.solver_method
-    assert "prefix" not in additive.solver_method
-    assert additive.predicted_peak_bytes <= budget
-    assert exact.recompute_seconds <= additive.recompute_seconds + 1e-12
+    import torch
+
+    from lightning_ckpt.core.profiler import profile_step
+    from tests.hetero_models import Mixed
+
+    rng = np.random.default_rng(0)
+    widths, hiddens = rng.choice([32, 48, 64, 96], 60).tolist(), rng.choice([64, 128, 256, 512], 60).tolist()
+    torch.manual_seed(0)
+    model, x = Mixed(widths, hiddens), torch.randn(32, 16)
+    profile = profile_step(model, lambda: model(x), [f"h.{i}" for i in range(60)], "flops", optimizer="sgd")
+    seconds = random.Random(0)
+    modules = tuple(
+        dataclasses.replace(m, recompute_seconds=seconds.uniform(0.001, 0.01)) for m in profile.modules
+    )
+    profile = dataclasses.replace(profile, modules=modules)
+    low, high = fixed_peak_bytes(profile), predict_peak_bytes(profile, [])
+    for budget in np.linspace(low, high, 6)[1:-1].astype(int).tolist():
+        exact = make_plan(profile, budget, AutoCheckpointConfig(budget_gb=1, quantum_bytes=64))
+        additive = make_plan(
+            profile, budget, AutoCheckpointConfig(budget_gb=1, quantum_bytes=64, solver="dp")
+        )
+        assert "prefix" in exact.solver_method and "additive" in additive.solver_method
+        assert max(exact.predicted_peak_bytes, additive.predicted_peak_bytes) <= budget
+        assert exact.recompute_seconds <= additive.recompute_seconds + 1e-12

@@ -27,7 +27,7 @@ from lightning_ckpt.core.memory.prefix_form import PrefixForm, prefix_form
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.solver import solve_knapsack
 
-__all__ = ["choose_kept", "nested_instance"]
+__all__ = ["choose_kept", "keep_more_that_fits", "nested_instance"]
 
 
 def choose_kept(
@@ -76,6 +76,14 @@ def _solve_nested(form: PrefixForm, values, budget_bytes: int, quantum_bytes: in
         )
         kept[[items[j] for j in result.chosen]] = True
     return kept, f"{method} (prefix capacities)"
+
+
+def keep_more_that_fits(
+    profile: StepProfile, kept: np.ndarray, values: Sequence[float], budget_bytes: int
+) -> np.ndarray:
+    """``kept`` (a mask, profile order) and, most valuable first, every other candidate whose keeping
+    still fits ``budget_bytes`` by ``predict_peak_bytes`` (as its points compute it)."""
+    return _keep_more(PointMatrix(peak_points(profile)), kept, values, budget_bytes)
 
 
 def _keep_more(
