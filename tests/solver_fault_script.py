@@ -1,6 +1,7 @@
 """Run by tests/test_solver_faults.py: a long solve for the test to interrupt or kill.
 
 Usage: python tests/solver_fault_script.py WORKERS, or ``ilp`` for a long ``method="ilp"`` solve, or
+``capped`` for a long dense solve with prefix capacities (one kernel call of several seconds), or
 ``small-shm`` for a parallel solve under a tiny /dev/shm (prints ``exact`` and the size of /dev/shm). Prints ``ready PID...`` (the worker
 processes' ids) just before a solve of several seconds, then, if that solve is interrupted,
 ``interrupted``, and ``exact`` once three later solves on ``WORKERS`` processes have matched
@@ -34,6 +35,8 @@ def main() -> None:
         return ilp()
     if sys.argv[1] == "small-shm":
         return small_shm()
+    if sys.argv[1] == "capped":
+        return capped()
     workers = int(sys.argv[1])
     small = instance(300, 30_000, seed=1)
     reference = solve_knapsack(*small)
@@ -61,6 +64,23 @@ def small_shm() -> None:
     shared = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
     exact = shared == alone and shared.stats.workers_used == 2
     print("exact" if exact else "inexact", shutil.disk_usage("/dev/shm").total, flush=True)
+
+
+def capped() -> None:
+    """The dense capped Hirschberg: its first two profiles are single kernel calls of 1e10 cells."""
+    weights, values, capacity = instance(2000, 8_000_000, seed=6)
+    caps = {"prefix_capacities": capacity - weights, "skip_capacities": capacity - 2 * weights}
+    small = instance(40, 3_000, seed=7)
+    small_caps = {"prefix_capacities": small[2] - small[0], "method": "hirschberg"}
+    reference = solve_knapsack(*small, prefix_capacities=small_caps["prefix_capacities"])
+    solve_knapsack(*small, **small_caps)  # the kernels loaded
+    print("ready", flush=True)
+    try:
+        solve_knapsack(weights, values, capacity, method="hirschberg", **caps)
+        print("finished", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    print("exact" if solve_knapsack(*small, **small_caps).value == reference.value else "inexact", flush=True)
 
 
 def ilp() -> None:

@@ -155,10 +155,10 @@ def test_compiled_kernels_match_numpy():
         for name in ("forward", "backward"):
             ours, twin = np.zeros(size), np.zeros(size)
             getattr(capped_profile, name)(*arrays, ours)  # small: the numpy version
-            getattr(numba_kernels, name)(*arrays, twin)
+            getattr(numba_kernels, name)(*arrays, twin, value_profile.new_stop_flag())
             np.testing.assert_array_equal(ours, twin)
         took = np.zeros((n, size), dtype=bool)
-        numba_kernels.fill_leaf(*arrays, np.zeros(size), took)
+        numba_kernels.fill_leaf(*arrays, np.zeros(size), took, value_profile.new_stop_flag())
         mask = capped_profile.backtrack(weights, take, skip, took, size - 1)
         assert np.array_equal(mask, capped_profile.solve_leaf(*arrays, np.zeros(size)))
 
@@ -193,3 +193,25 @@ def test_pruned_frontier_equals_the_dense_solve_on_a_heterogeneous_stack():
     dense = solve_knapsack(p.weights, p.values, 20_000, method="hirschberg", **caps)
     assert sparse.stats.cell_updates < dense.stats.cell_updates  # the frontier did it
     assert sparse.value == pytest.approx(dense.value, rel=1e-12)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "numba"])
+def test_capped_kernels_stop_before_the_next_item_once_flagged(monkeypatch, compiled):
+    """A raised stop flag leaves every profile untouched (the kernels check it before each item),
+    and a task then raises ``SolveStopped``."""
+    if compiled:
+        pytest.importorskip("numba")
+        monkeypatch.setattr(value_profile, "NUMPY_MAX_CELLS", 0)
+    stop = value_profile.new_stop_flag()
+    stop[0] = 1
+    weights, values = np.array([2, 3, 1]), np.array([1.0, 2.0, 0.5])
+    caps = (np.array([9, 9, 9]), np.array([9, 9, 9]))
+    for kernel in (capped_profile.forward, capped_profile.backward):
+        profile = np.full(10, 7.0)
+        kernel(weights, values, *caps, profile, stop)
+        assert (profile == 7.0).all()
+        kernel(weights, values, *caps, profile)  # without the flag it runs
+        assert not (profile == 7.0).all()
+    task = capped.CappedTask("leaf", 0, 3, 9, 0, *caps)
+    with pytest.raises(value_profile.SolveStopped):
+        task.run(weights, values, np.zeros(10), stop)

@@ -59,8 +59,18 @@ def _gone(pid: int) -> bool:
         (1, False, "numba"),
         (1, False, "numpy"),
         ("ilp", False, "numba"),
+        ("capped", False, "numba"),
+        ("capped", False, "numpy"),
     ],
-    ids=["process-workers2", "group-workers2", "process-workers1", "process-workers1-numpy", "process-ilp"],
+    ids=[
+        "process-workers2",
+        "group-workers2",
+        "process-workers1",
+        "process-workers1-numpy",
+        "process-ilp",
+        "process-capped",
+        "process-capped-numpy",
+    ],
 )
 def test_ctrl_c_stops_the_solve_within_a_second_and_later_solves_are_exact(workers, to_group, kernel):
     child, _ = _start(workers, kernel)

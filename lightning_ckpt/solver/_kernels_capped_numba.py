@@ -2,7 +2,9 @@
 
 Each cell takes the larger of the same two sums as the numpy version (``-inf`` where a cap or the
 capacity forbids a choice). Forward profiles update cells downward, backward ones upward, so every
-read sees the profile before the item. Imported only for large problems (see ``capped_profile``).
+read sees the profile before the item. Each kernel returns early, its profile unfinished, once
+``stop[0]`` is set (checked before each item). Imported only for large problems (see
+``capped_profile``).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ _jit = numba.njit(cache=True, nogil=True)
 
 
 @_jit
-def _forward(weights, values, take, skip, f, took, record):  # pragma: no cover - compiled
+def _forward(weights, values, take, skip, f, took, record, stop):  # pragma: no cover - compiled
     top = len(f) - 1
     for j in range(len(weights)):
+        if stop[0] != 0:
+            return
         w, v, t, s = weights[j], values[j], take[j], skip[j]
         for c in range(top, -1, -1):
             best = f[min(c, s)] if s >= 0 else -np.inf
@@ -30,14 +34,16 @@ def _forward(weights, values, take, skip, f, took, record):  # pragma: no cover 
 
 
 @_jit
-def forward(weights, values, take, skip, f):  # pragma: no cover - compiled
-    _forward(weights, values, take, skip, f, np.zeros((0, 0), dtype=np.bool_), False)
+def forward(weights, values, take, skip, f, stop):  # pragma: no cover - compiled
+    _forward(weights, values, take, skip, f, np.zeros((0, 0), dtype=np.bool_), False, stop)
 
 
 @_jit
-def backward(weights, values, take, skip, h):  # pragma: no cover - compiled
+def backward(weights, values, take, skip, h, stop):  # pragma: no cover - compiled
     top = len(h) - 1
     for j in range(len(weights) - 1, -1, -1):
+        if stop[0] != 0:
+            return
         w, v, t, s = weights[j], values[j], take[j], skip[j]
         for x in range(top + 1):
             best = h[x] if x <= s else -np.inf
@@ -49,6 +55,6 @@ def backward(weights, values, take, skip, h):  # pragma: no cover - compiled
 
 
 @_jit
-def fill_leaf(weights, values, take, skip, f, took):  # pragma: no cover - compiled
+def fill_leaf(weights, values, take, skip, f, took, stop):  # pragma: no cover - compiled
     f[:] = 0.0
-    _forward(weights, values, take, skip, f, took, True)
+    _forward(weights, values, take, skip, f, took, True, stop)

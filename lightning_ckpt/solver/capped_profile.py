@@ -11,7 +11,9 @@ Two profiles, over a segment's relative capacity ``0..C``:
   weigh at most ``x`` (and everything at most ``C``). Item ``j``, from the last:
   ``h'[x] = max(h[x] if x <= skip, h[x + w] + v if x <= take)``: the caps ride along.
 
-Infeasible entries are ``-inf``. Each item costs O(C) time; a profile is C + 1 floats. The pure
+Infeasible entries are ``-inf``. Each item costs O(C) time; a profile is C + 1 floats. Every
+function takes an optional ``stop`` flag (``value_profile.new_stop_flag``), checked before each item:
+once it is set they return early, their profile unfinished, and the caller raises. The pure
 numpy versions here serve small calls without loading numba; ``_kernels_capped_numba`` does the
 same arithmetic in compiled loops for large ones (bit-identical: one max of two sums per cell).
 
@@ -78,16 +80,36 @@ def forward_item(f: np.ndarray, w: int, v: float, take: int, skip: int) -> None:
     np.maximum(f, candidates, out=f)
 
 
+def _stopped(stop: np.ndarray | None) -> bool:
+    return stop is not None and bool(stop[0])
+
+
+def _no_stop(stop: np.ndarray | None) -> np.ndarray:
+    return value_profile.new_stop_flag() if stop is None else stop
+
+
 def forward(
-    weights: np.ndarray, values: np.ndarray, take: np.ndarray, skip: np.ndarray, f: np.ndarray
+    weights: np.ndarray,
+    values: np.ndarray,
+    take: np.ndarray,
+    skip: np.ndarray,
+    f: np.ndarray,
+    stop: np.ndarray | None = None,
 ) -> None:
     """Add the items, in order, to the forward profile ``f`` (start from zeros: the empty set)."""
     for w, v, t, s in zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True):
+        if _stopped(stop):
+            return
         forward_item(f, w, v, t, s)
 
 
 def backward(
-    weights: np.ndarray, values: np.ndarray, take: np.ndarray, skip: np.ndarray, h: np.ndarray
+    weights: np.ndarray,
+    values: np.ndarray,
+    take: np.ndarray,
+    skip: np.ndarray,
+    h: np.ndarray,
+    stop: np.ndarray | None = None,
 ) -> None:
     """Add the items, last first, to the backward profile ``h`` (start from zeros).
 
@@ -100,10 +122,12 @@ def backward(
     size = len(h)
     compiled = _compiled(len(weights) * size)
     if compiled is not None:
-        compiled.backward(*_as_arrays(weights, values, take, skip), h)
+        compiled.backward(*_as_arrays(weights, values, take, skip), h, _no_stop(stop))
         return
     items = zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True)
     for w, v, t, s in reversed(list(items)):
+        if _stopped(stop):
+            return
         candidates = np.full(size, NEG)
         upto = min(t, size - 1 - w)
         if upto >= 0:
@@ -114,7 +138,12 @@ def backward(
 
 
 def solve_leaf(
-    weights: np.ndarray, values: np.ndarray, take: np.ndarray, skip: np.ndarray, f: np.ndarray
+    weights: np.ndarray,
+    values: np.ndarray,
+    take: np.ndarray,
+    skip: np.ndarray,
+    f: np.ndarray,
+    stop: np.ndarray | None = None,
 ) -> np.ndarray:
     """The best set of a small segment at capacity ``len(f) - 1``: forward with a decision bit per
     item and capacity (take strictly better), then a backtrack from the top. Returns a mask.
@@ -128,10 +157,12 @@ def solve_leaf(
     took = np.zeros((n, size), dtype=np.bool_)
     compiled = _compiled(n * size)
     if compiled is not None:
-        compiled.fill_leaf(*_as_arrays(weights, values, take, skip), f, took)
+        compiled.fill_leaf(*_as_arrays(weights, values, take, skip), f, took, _no_stop(stop))
         return backtrack(weights, take, skip, took, size - 1)
     f[:] = 0.0
     for j in range(n):
+        if _stopped(stop):
+            break
         candidates = _take_candidates(f, int(weights[j]), float(values[j]), int(take[j]))
         s = int(skip[j])
         if s < 0:
