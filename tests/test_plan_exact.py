@@ -44,6 +44,20 @@ def test_plan_recompute_equals_brute_force_optimum(name, seed):
             assert plan.recompute_seconds <= best_a_quantum_per_candidate_below + 1e-12, (budget, quantum)
 
 
+def test_non_nested_plans_are_optimal_at_the_budget_itself():
+    """The U-Net's skips are not nested: its 8 candidates are enumerated in bytes, so no quantum is
+    lost whatever ``quantum_bytes`` is (the enumeration's oracle is the budget itself)."""
+    profile = profiled("unet", seed=3)
+    peaks, recompute = every_kept_set(profile)
+    enumerated = 0
+    for budget in np.linspace(fixed_peak_bytes(profile), peaks.max(), 24).astype(int).tolist():
+        plan = make_plan(profile, budget, AutoCheckpointConfig(budget_gb=1, quantum_bytes=1 << 16))
+        assert plan.solver_method in ("all-fit", "exact (enumeration)")
+        assert plan.recompute_seconds == pytest.approx(recompute[peaks <= budget].min(), abs=1e-12)
+        enumerated += plan.solver_method != "all-fit"
+    assert enumerated > 15
+
+
 def test_exact_plan_never_recomputes_more_than_the_additive_plan():
     """The additive bound plus its greedy pass is a feasible plan, so the exact one is at least as good."""
     profile = profiled("mixed", seed=5)

@@ -1,9 +1,10 @@
 """The exact plan when the peak points are not nested (parallel branches, skips, hand-made profiles).
 
-The points are quantized (coefficients rounded up, each point's room ``budget - base`` down, to whole
-quanta: a set that fits in quanta fits in bytes) and the module-level instance is solved exactly:
-by enumerating every kept set (numpy, exact integers) up to ``ENUMERATE_MAX_ITEMS`` candidates,
-above that by ``scipy.optimize.milp`` with a zero gap, its answer checked in integers.
+The module-level instance is solved exactly: by enumerating every kept set in bytes (numpy, exact
+integers: the optimum at the budget itself) up to ``ENUMERATE_MAX_ITEMS`` candidates, above that by
+``scipy.optimize.milp`` with a zero gap on the points quantized (coefficients and either terms
+rounded up, each point's room ``budget - base`` down, to whole quanta: a set that fits in quanta
+fits in bytes, and at most one quantum per term is lost), its answer checked in integers.
 
 Example:
     >>> from lightning_ckpt.core.memory.points import PeakPoint
@@ -65,10 +66,10 @@ def solve_points(
         ValueError: when no kept set fits (not even keeping nothing).
         ImportError: above ``ENUMERATE_MAX_ITEMS`` candidates without scipy.
     """
-    quantized = quantize_points(points, budget_bytes, quantum_bytes)
     values = np.asarray(values, dtype=np.float64)
-    if len(values) <= ENUMERATE_MAX_ITEMS:
-        return _enumerate(quantized, values), "enumeration"
+    if len(values) <= ENUMERATE_MAX_ITEMS:  # in bytes: exact at the budget, nothing lost to rounding
+        return _enumerate(quantize_points(points, budget_bytes, 1), values), "enumeration"
+    quantized = quantize_points(points, budget_bytes, quantum_bytes)
     kept = _milp(quantized, values)
     if not _fits(quantized, kept[None, :])[0]:
         raise RuntimeError("scipy.optimize.milp returned a plan over a quantized peak point (tolerance)")
