@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
         "--old-plan",
         action="store_true",
         help="also run the plan of the additive bound (solver ilp: the plan before exact peak planning) "
-        "at each budget; vs_old is AutoCheckpoint's step time over its",
+        "at each budget; vs_old is AutoCheckpoint's step time over the old plan's",
     )
     parser.add_argument("--plot", help="write the step time vs peak memory plot (PNG) here")
     parser.add_argument("--json", help="write every figure as JSON here")
