@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lightning_ckpt.core.memory.timeline import alive_bytes
+from lightning_ckpt.core.memory.timeline import AliveStarts, held_at
 from lightning_ckpt.core.profile_types import ZERO_GRADS
 
 if TYPE_CHECKING:
@@ -52,11 +52,12 @@ def predict_peak_bytes(
     grads = profile.static.grad_bytes
     recompute = {m.name: m.recompute_extra_bytes for m in profile.modules if m.name in chosen}
     peak = grads + profile.after_backward_bytes + profile.optimizer_step_bytes  # the optimizer step
+    starts = AliveStarts(profile.storages, chosen)
     for candidate in {phase.candidate for phase in profile.phases}:
         phases = [p for p in profile.phases if p.candidate == candidate and not p.if_checkpointed]
         if not phases:
             continue
-        held = alive_bytes(profile.storages, [phase.time for phase in phases], chosen - {candidate})
+        held = held_at(starts.without(candidate), starts.nbytes, [phase.time for phase in phases])
         recomputed = recompute.get(candidate, 0)  # only in the backward: its forward phase has it already
         extra = np.array(
             [
@@ -68,7 +69,7 @@ def predict_peak_bytes(
         peak = max(peak, int((held + extra).max()))
     own = [p for p in profile.phases if p.if_checkpointed and p.candidate in chosen]
     if own:  # a checkpointed candidate's own forward: its inputs kept, its saves never made
-        held = alive_bytes(profile.storages, [phase.time for phase in own], chosen)
+        held = held_at(starts.base, starts.nbytes, [phase.time for phase in own])
         extra = np.array([p.extra_bytes + _last_step_held(p, profile, when) for p in own], dtype=np.int64)
         peak = max(peak, int((held + extra).max()))
     return profile.static_bytes - grads + profile.batch_bytes + peak
