@@ -43,7 +43,7 @@ def plan_like_instances(count: int, seed: int):
 def test_chain_dual_equals_the_chain_lp_and_bounds_the_optimum():
     for weights, values, capacity, take, skip in random_capped_instances(300, seed=21, max_items=9):
         take, skip = np.minimum(take, capacity - weights), np.minimum(skip, capacity)
-        caps = suffix_caps(take, skip, capacity)
+        caps = suffix_caps(weights, take, skip, capacity)
         usable = take >= 0
         dual = chain_dual(weights, values, caps, usable)
         assert dual.upper == pytest.approx(chain_lp_value(weights, values, caps, usable), rel=1e-9, abs=1e-9)
@@ -57,8 +57,10 @@ def test_frontier_matches_brute_force_on_plan_like_instances(monkeypatch, target
     monkeypatch.setattr(frontier, "TARGET_STEPS", target_steps)
     reordered = 0
     for weights, values, capacity, take, skip in plan_like_instances(400, seed=target_steps):
-        caps = suffix_caps(np.minimum(take, capacity - weights), np.minimum(skip, capacity), capacity)
-        reordered += int(((take >= caps[1:]) & (skip >= caps[1:])).sum() >= 2)
+        take_fit, skip_fit = np.minimum(take, capacity - weights), np.minimum(skip, capacity)
+        caps = suffix_caps(weights, take_fit, skip_fit, capacity)
+        implied = (take_fit >= caps[1:] - weights) & (skip_fit >= caps[1:])
+        reordered += int(implied.sum() >= 2)
         chosen, _ = frontier.solve_sparse(weights, values, capacity, take, skip, max_entries=1 << 20)
         assert capped.cap_violation(weights, chosen, capacity, take, skip) is None
         optimum = brute_force_value(weights, values, capacity, take, skip)

@@ -1,7 +1,8 @@
 """Upper bounds for a knapsack with prefix capacities: the LP over its chain of prefix caps.
 
-Whatever item ``k`` does, the chosen items before it weigh at most ``max(take[k], skip[k])``; so, as
-chosen weights only grow, at most ``M[k]`` (the smallest of those caps from ``k`` on, ``M[n] = W``).
+Whatever item ``k`` does, the chosen items before it weigh at most ``max(take[k], skip[k])``, and
+with item ``k`` counted at most ``max(take[k] + w[k], skip[k])``; so, as chosen weights only grow, the
+items before ``k`` weigh at most ``M[k]``, the smallest of those caps from ``k`` on (``M[n] <= W``).
 These caps form a chain of nested prefix constraints. Their LP relaxation has a dual that pool
 adjacent violators solves exactly: between two cuts (where ``M`` rises) a group of items has one
 price per unit of weight, the prices never rise from group to group, and each run of groups pooled
@@ -15,9 +16,9 @@ together is priced at its fractional knapsack's break ratio. The dual gives
 
 Example:
     >>> w, v = np.array([2, 2, 2]), np.array([3.0, 2.0, 4.0])
-    >>> caps = suffix_caps(np.array([4, 0, 4]), np.array([4, 0, 4]), 4)
+    >>> caps = suffix_caps(w, np.array([2, 0, 2]), np.array([4, 0, 4]), 4)
     >>> caps.tolist()  # item 1 needs nothing chosen before it, so item 0 is never chosen
-    [0, 0, 4, 4]
+    [0, 0, 2, 4]
     >>> dual = chain_dual(w, v, caps, np.ones(3, dtype=bool))
     >>> dual.upper, dual.reduced.tolist()  # items 1 and 2; item 0 priced at its own ratio
     (6.0, [0.0, 2.0, 4.0])
@@ -32,10 +33,17 @@ import numpy as np
 __all__ = ["ChainDual", "StateBounds", "chain_dual", "suffix_caps"]
 
 
-def suffix_caps(take: np.ndarray, skip: np.ndarray, capacity: int) -> np.ndarray:
-    """``M[k]`` (``k = 0..n``): the most the chosen items before ``k`` can weigh in any feasible set."""
-    caps = np.append(np.maximum(take, skip), capacity)
-    return np.minimum.accumulate(caps[::-1])[::-1]
+def suffix_caps(weights: np.ndarray, take: np.ndarray, skip: np.ndarray, capacity: int) -> np.ndarray:
+    """``M[k]`` (``k = 0..n``): the most the chosen items before ``k`` can weigh in any feasible set.
+
+    Item ``k``'s caps bound the items before it (``max(take, skip)``), and item ``k - 1``'s bound them
+    too once it is counted (``take + w`` if it can be chosen, ``skip``); chosen weights only grow, so
+    the smallest of these from ``k`` on holds at ``k``. ``take`` is at most ``capacity - weights``.
+    """
+    own = np.append(np.maximum(take, skip), capacity)
+    after = np.maximum(np.where(take >= 0, take + weights, -1), skip)
+    own[1:] = np.minimum(own[1:], after)
+    return np.minimum.accumulate(own[::-1])[::-1]
 
 
 class ChainDual(NamedTuple):
@@ -92,16 +100,17 @@ class _Dantzig:
         self.values = np.where(members[order], values[order], 0.0)
         self.position = np.empty(len(order), dtype=np.int64)
         self.position[order] = np.arange(len(order))
+        self.ratio = np.append(np.where(self.weights > 0, _ratios(self.weights, self.values), 0.0), 0.0)
+        self._sum()
+
+    def _sum(self) -> None:
         self.cum_weights = np.concatenate(([0], np.cumsum(self.weights)))
         self.cum_values = np.concatenate(([0.0], np.cumsum(self.values)))
-        self.ratio = np.append(np.where(self.weights > 0, _ratios(self.weights, self.values), 0.0), 0.0)
 
-    def remove(self, item: int) -> None:
-        at = self.position[item]
-        if self.weights[at] or self.values[at]:
-            self.cum_weights[at + 1 :] -= self.weights[at]
-            self.cum_values[at + 1 :] -= self.values[at]
-            self.weights[at], self.values[at] = 0, 0.0
+    def remove(self, items: np.ndarray) -> None:
+        at = self.position[items]
+        self.weights[at], self.values[at] = 0, 0.0
+        self._sum()
 
     def bound(self, room: np.ndarray) -> np.ndarray:
         """The best fractional value within ``room`` (``-inf`` where ``room < 0``)."""
@@ -112,9 +121,9 @@ class _Dantzig:
 
 class StateBounds:
     """Bounds on the best completion of the DP's states: after item ``j``, a state of chosen weight
-    ``x`` and value ``val`` can reach at most ``lagrange(j, x, val)`` and ``dantzig(j, x, val)``.
-
-    ``take < 0`` marks items fixed out, ``skip < 0`` items fixed in; call ``passed(j)`` after each item.
+    ``x`` and value ``val`` can reach at most ``lagrange(j, x, val)`` and ``dantzig(j, x, val)``
+    (``j`` never decreases from call to call). ``take < 0`` marks items fixed out, ``skip < 0``
+    items fixed in.
     """
 
     MAX_CUTS = 3
@@ -127,31 +136,43 @@ class StateBounds:
         priced = np.concatenate(([0.0], step[:n] * caps[1:]))
         self.priced_caps = np.append(np.cumsum(priced[::-1])[::-1], 0.0)
         self.price, self.caps, self.capacity = dual.price, caps, capacity
-        order = np.lexsort((np.arange(n), -_ratios(weights, values)))
-        member, index = take >= 0, np.arange(n)
-        binding = (np.flatnonzero(step[: n - 1] > 0) + 1).tolist()[-self.MAX_CUTS :]
-        self.everything = _Dantzig(order, weights, values, member)
-        self.cuts = [
-            (
-                k,
-                _Dantzig(order, weights, values, member & (index < k)),
-                _Dantzig(order, weights, values, member & (index >= k)),
-            )
-            for k in binding
-        ]
-
-    def passed(self, j: int) -> None:
-        self.everything.remove(j)
-        for k, before, after in self.cuts:
-            (before if j < k else after).remove(j)
+        self._tables = (weights, values, take, step)
+        self._passed = 0
 
     def lagrange(self, j: int, weight: np.ndarray, value: np.ndarray) -> np.ndarray:
         return value + self.priced_caps[j + 2] - self.price[j + 1] * weight + self.tail[j + 1]
 
     def dantzig(self, j: int, weight: np.ndarray, value: np.ndarray) -> np.ndarray:
+        self._pass(j)
         room = self.capacity - weight
         bound = self.everything.bound(room)
         for k, before, after in self.cuts:
             if k > j + 1:
                 bound = np.minimum(bound, before.bound(self.caps[k] - weight) + after.bound(room))
         return value + bound
+
+    def _pass(self, j: int) -> None:
+        """Drop items ``..j`` from the tables (built on first use)."""
+        if isinstance(self._tables, tuple):
+            weights, values, take, step = self._tables
+            n = len(weights)
+            order = np.lexsort((np.arange(n), -_ratios(weights, values)))
+            member, index = take >= 0, np.arange(n)
+            binding = (np.flatnonzero(step[: n - 1] > 0) + 1).tolist()[-self.MAX_CUTS :]
+            self.everything = _Dantzig(order, weights, values, member)
+            self.cuts = [
+                (
+                    k,
+                    _Dantzig(order, weights, values, member & (index < k)),
+                    _Dantzig(order, weights, values, member & (index >= k)),
+                )
+                for k in binding
+            ]
+            self._tables = None
+        if j + 1 > self._passed:
+            items = np.arange(self._passed, j + 1)
+            self.everything.remove(items)
+            for k, before, after in self.cuts:
+                before.remove(items[items < k])
+                after.remove(items[items >= k])
+            self._passed = j + 1

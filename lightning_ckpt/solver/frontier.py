@@ -10,8 +10,8 @@ is exact. Three more exact cuts keep the frontiers short whatever the capacity W
   a target value, and bounds every set's best completion (linear in its weight, then a fractional
   knapsack split at the binding caps); sets that cannot reach the target are dropped;
 - the target starts just below the LP bound and falls (doubling the gap each time) until a pass
-  reaches it, down to a known feasible value at worst. A pass that reaches its target is optimal:
-  every dropped set could reach less.
+  reaches it, but never below the best set seen (at worst a feasible rounding of the LP). A pass
+  that reaches its target is optimal: every dropped set could reach less.
 
 Fixed items cost a slice, not a merge, so a plan's few dozen blocks, or a few thousand items of
 which most are clearly in or out, solve in milliseconds without numba. Past a given number of
@@ -63,21 +63,6 @@ def _step(fw: np.ndarray, fv: np.ndarray, w: int, v: float, take: int, skip: int
     return weights[kept], values[kept], order[kept], n_skip
 
 
-def _item(fw, fv, w: int, v: float, take: int, skip: int, next_cap: int) -> tuple:
-    """``_step``, a slice for a fixed item (``take < 0``: out, ``skip < 0``: in), then the sets
-    heavier than ``next_cap`` dropped."""
-    if take < 0 or skip < 0:
-        chosen = skip < 0
-        count = int(fw.searchsorted(min(take, next_cap - w) if chosen else min(skip, next_cap), side="right"))
-        source = np.arange(count)
-        return (
-            (fw[:count] + w, fv[:count] + v, source, 0) if chosen else (fw[:count], fv[:count], source, count)
-        )
-    fw, fv, source, n_skip = _step(fw, fv, w, v, take, skip)
-    count = int(fw.searchsorted(next_cap, side="right"))
-    return fw[:count], fv[:count], source[:count], n_skip
-
-
 def _rounded_value(weights, values, take, skip, caps, reduced) -> float:
     """A feasible set's value: the LP's items in order, each only while every later skip cap holds."""
     later_skip = np.minimum.accumulate(np.append(skip, caps[-1])[::-1])[::-1]
@@ -96,14 +81,36 @@ def _fixed(dual: ChainDual, target: float, tol: float, take, skip) -> tuple[np.n
     return np.where(fixed_out, -1, take), np.where(fixed_in, -1, skip)
 
 
-def _targets(upper: float, lower: float):
-    """Falling targets from just below ``upper`` down to ``lower``."""
-    gap = upper - lower
-    for step in range(TARGET_STEPS, 0, -1):
-        target = upper - gap / 2**step
-        if target > lower:
-            yield target
-    yield lower
+def _steps(weights, values, caps, take, skip) -> list[tuple]:
+    """A pass's steps: ``(j,)`` for a free item, ``(first, end, most, weight, value)`` for a run of
+    fixed items (``take < 0``: out, ``skip < 0``: in): a set of weight ``x`` before the run meets
+    every cap in it (its own, and ``caps`` after each item) iff ``x <= most``, and gains ``weight``
+    and ``value``."""
+    n = len(weights)
+    chosen = skip < 0
+    fixed = (take < 0) | chosen
+    room = np.where(chosen, np.minimum(take, caps[1:] - weights), np.minimum(skip, caps[1:]))
+    gained_weight = np.concatenate(([0], np.cumsum(np.where(chosen, weights, 0))))
+    gained_value = np.concatenate(([0.0], np.cumsum(np.where(chosen, values, 0.0))))
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], fixed.astype(np.int8), [0]))))
+    firsts, ends = edges[::2], edges[1::2]
+    slack = np.append(room - gained_weight[:-1], 0)
+    most = np.minimum.reduceat(slack, edges)[::2] + gained_weight[firsts] if len(edges) else []
+    runs = {
+        first: (
+            first,
+            end,
+            int(m),
+            int(gained_weight[end] - gained_weight[first]),
+            float(gained_value[end] - gained_value[first]),
+        )
+        for first, end, m in zip(firsts.tolist(), ends.tolist(), list(most), strict=True)
+    }
+    steps, j = [], 0
+    while j < n:
+        steps.append(runs.get(j, (j,)))
+        j = steps[-1][1] if len(steps[-1]) > 1 else j + 1
+    return steps
 
 
 def _pass(weights, values, capacity, caps, dual, take, skip, target, tol, max_entries):
@@ -113,48 +120,64 @@ def _pass(weights, values, capacity, caps, dual, take, skip, target, tol, max_en
     bounds = StateBounds(weights, values, capacity, caps, dual, take, skip)
     fw, fv = np.zeros(1, dtype=np.int64), np.zeros(1)
     history, total, n = [], 0, len(weights)
-    for j, (w, v, t, s) in enumerate(
-        zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True)
-    ):
-        fw, fv, source, n_skip = _item(fw, fv, w, v, t, s, int(caps[j + 1]))
+    for step in _steps(weights, values, caps, take, skip):
+        if len(step) == 1:
+            j = step[0]
+            fw, fv, source, n_skip = _step(
+                fw, fv, int(weights[j]), float(values[j]), int(take[j]), int(skip[j])
+            )
+            count = int(fw.searchsorted(caps[j + 1], side="right"))
+            fw, fv, source = fw[:count], fv[:count], source[:count]
+        else:
+            j, n_skip = step[1] - 1, 0
+            count = int(fw.searchsorted(step[2], side="right"))
+            fw, fv, source = fw[:count] + step[3], fv[:count] + step[4], None
         if j + 1 < n and len(fw):
             hopeful = bounds.lagrange(j, fw, fv) >= target - tol
             if len(fw) > PRUNE_FROM_ENTRIES:
                 hopeful &= bounds.dantzig(j, fw, fv) >= target - tol
-            fw, fv, source = fw[hopeful], fv[hopeful], source[hopeful]
-        history.append((source, n_skip))
+            if not hopeful.all():
+                fw, fv = fw[hopeful], fv[hopeful]
+                source = hopeful.nonzero()[0] if source is None else source[hopeful]
+        history.append((step, source, n_skip))
         total += len(fw)
         if total > max_entries:
             return None
         if not len(fw):
             return None, -np.inf, total
-    return _backtrack(history, len(fw) - 1), float(fv[-1]), total
+    return _backtrack(history, len(fw) - 1, skip < 0, n), float(fv[-1]), total
 
 
 def _processing_order(take, skip, caps, reduced, capacity, weights) -> tuple:
     """A processing order and the caps in it.
 
-    An item whose caps are at least the prefix cap after it (``caps[j + 1]``) has its caps implied
-    by the chain, in any order of such items between two others (the chain's cuts fall on those
-    others: a cut's own caps are below the next prefix cap). Such items lose their caps and, between
-    two pinned items, go most decided first (largest ``|reduced|``): the frontier grows only near
-    the end of each run.
+    Every feasible set has at most ``caps[j + 1]`` chosen before ``j + 1``: so at most that less
+    ``w`` before ``j`` when ``j`` is chosen, and at most that when not. An item whose caps are at
+    least these has them implied by the chain, in any order of such items within a run of equal
+    ``caps`` (a run ends at a cut, where ``caps`` rises, and at any other item). Such items lose their
+    caps and, within a run, go most decided first (largest ``|reduced|``): the frontier grows only
+    near the end of each run.
     """
-    implied = (take >= caps[1:]) & (skip >= caps[1:])
-    starts = ~implied | np.append(True, ~implied[:-1])
+    n = len(take)
+    after = caps[1:]
+    implied = (take >= 0) & (take >= after - weights) & (skip >= after)
+    cut = np.append(True, caps[1:n] < caps[2:])
+    starts = ~implied | np.append(True, ~implied[:-1]) | cut
     order = np.lexsort((-np.abs(reduced), np.cumsum(starts)))
     take = np.where(implied, capacity - weights, take)[order]
     skip = np.where(implied, capacity, skip)[order]
     return order, take, skip
 
 
-def _backtrack(history, entry: int) -> np.ndarray:
-    chosen = np.zeros(len(history), dtype=np.bool_)
-    for j in range(len(history) - 1, -1, -1):
-        source, n_skip = history[j]
-        entry = int(source[entry])
-        chosen[j] = entry >= n_skip
-        entry -= n_skip if chosen[j] else 0
+def _backtrack(history, entry: int, fixed_in: np.ndarray, n: int) -> np.ndarray:
+    chosen = np.zeros(n, dtype=np.bool_)
+    for step, source, n_skip in reversed(history):
+        entry = entry if source is None else int(source[entry])
+        if len(step) > 1:  # a run of fixed items: the entry index runs through unchanged
+            chosen[step[0] : step[1]] = fixed_in[step[0] : step[1]]
+            continue
+        chosen[step[0]] = entry >= n_skip
+        entry -= n_skip if chosen[step[0]] else 0
     return chosen
 
 
@@ -179,17 +202,17 @@ def solve_sparse(
         max_entries: Give up (return None) when the frontiers together hold more entries.
     """
     take, skip = np.minimum(take, capacity - weights), np.minimum(skip, capacity)
-    caps = suffix_caps(take, skip, capacity)
+    caps = suffix_caps(weights, take, skip, capacity)
     dual = chain_dual(weights, values, caps, take >= 0)
     tol = 1e-9 * max(float(values.sum()), 1e-300)
     lower, total = _rounded_value(weights, values, take, skip, caps, dual.reduced), 0
     order, take, skip = _processing_order(take, skip, caps, dual.reduced, capacity, weights)
     weights, values = weights[order], values[order]
     dual = ChainDual(np.append(dual.price[order], 0.0), dual.reduced[order], dual.upper)
-    for target in _targets(dual.upper, lower):
-        done = _pass(
-            weights, values, capacity, caps, dual, take, skip, max(target, lower), tol, max_entries - total
-        )
+    gap, step = dual.upper - lower, TARGET_STEPS
+    while True:
+        target = max(dual.upper - gap / 2**step, lower) if step > 0 else lower
+        done = _pass(weights, values, capacity, caps, dual, take, skip, target, tol, max_entries - total)
         if done is None:
             return None
         chosen, best, entries = done
@@ -198,4 +221,6 @@ def solve_sparse(
             unpermuted = np.zeros(len(chosen), dtype=np.bool_)
             unpermuted[order] = chosen
             return unpermuted, total
-    raise AssertionError("the last target is a feasible value: a pass must reach it")
+        if target <= lower:
+            raise AssertionError("a pass whose target is a feasible value must reach it")
+        lower, step = max(lower, best), step - 1  # a set worth ``best`` was seen: aim no lower
