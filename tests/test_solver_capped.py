@@ -51,11 +51,11 @@ def assert_optimal(result, weights, values, capacity, take, skip):
 
 @pytest.fixture(params=["sparse", "sparse pruned", "dense leaves", "dense splits", "dense compiled"])
 def path(request, monkeypatch) -> SolverOptions:
-    """Run on the sparse frontier (pruned by bounds at every step, or not at these sizes), on dense
+    """Run on the sparse frontier (with falling targets, or one pass as at these sizes), on dense
     leaves, on dense one-item Hirschberg splits, and on dense splits with the numba kernels however
     small the call."""
-    if request.param == "sparse pruned":
-        monkeypatch.setattr(frontier, "PRUNE_FROM_ENTRIES", 0)
+    if request.param == "sparse pruned":  # falling targets, item fixing and pruning even when small
+        monkeypatch.setattr(frontier, "FEW_ITEMS", 0)
     elif request.param != "sparse":
         monkeypatch.setattr(capped, "SPARSE_MAX_ENTRIES", 0)
     if request.param == "dense compiled":

@@ -3,12 +3,13 @@
 After each item, the frontier holds the sets of the items so far that meet their caps and that no
 other such set beats (lighter or as light, and worth at least as much). Every later constraint
 only bounds a chosen weight from above, so a beaten set can never become the better one: pruning
-is exact. Three more exact cuts keep the frontiers short whatever the capacity W is:
+is exact. More exact cuts keep the frontiers short whatever the capacity W is:
 
 - a set heavier than any feasible set's prefix there (``chain_bound.suffix_caps``) is dropped;
 - the chain LP's dual (``chain_bound``) fixes the items whose flip would cost more than the gap to
-  a target value, and bounds every set's best completion (linear in its weight, then a fractional
-  knapsack split at the binding caps); sets that cannot reach the target are dropped;
+  a target value, and bounds every set's best completion (linear in its weight); sets that cannot
+  reach the target are dropped;
+- items whose caps the chain implies go most decided first (``_processing_order``);
 - the target starts just below the LP bound and falls (doubling the gap each time) until a pass
   reaches it, but never below the best set seen (at worst a feasible rounding of the LP). A pass
   that reaches its target is optimal: every dropped set could reach less.
@@ -32,11 +33,11 @@ from lightning_ckpt.solver.chain_bound import ChainDual, StateBounds, chain_dual
 
 __all__ = ["solve_sparse"]
 
-PRUNE_FROM_ENTRIES = 64
-"""Frontiers longer than this also get the fractional-knapsack bound (below it costs more than it saves)."""
-
 TARGET_STEPS = 6
 """The first target lies ``2**-TARGET_STEPS`` of the way from the LP bound to the known value."""
+
+FEW_ITEMS = 16
+"""Below this many items, one pass at the known value (no falling targets) costs less than several."""
 
 
 def _step(fw: np.ndarray, fv: np.ndarray, w: int, v: float, take: int, skip: int) -> tuple:
@@ -113,11 +114,11 @@ def _steps(weights, values, caps, take, skip) -> list[tuple]:
     return steps
 
 
-def _pass(weights, values, capacity, caps, dual, take, skip, target, tol, max_entries):
+def _pass(weights, values, caps, dual, take, skip, target, tol, max_entries):
     """One DP pass dropping the sets that cannot reach ``target``: ``(mask or None, best value,
     entries)``, or None past ``max_entries``."""
     take, skip = _fixed(dual, target, tol, take, skip)
-    bounds = StateBounds(weights, values, capacity, caps, dual, take, skip)
+    bounds = StateBounds(caps, dual, take, skip)
     fw, fv = np.zeros(1, dtype=np.int64), np.zeros(1)
     history, total, n = [], 0, len(weights)
     for step in _steps(weights, values, caps, take, skip):
@@ -134,8 +135,6 @@ def _pass(weights, values, capacity, caps, dual, take, skip, target, tol, max_en
             fw, fv, source = fw[:count] + step[3], fv[:count] + step[4], None
         if j + 1 < n and len(fw):
             hopeful = bounds.lagrange(j, fw, fv) >= target - tol
-            if len(fw) > PRUNE_FROM_ENTRIES:
-                hopeful &= bounds.dantzig(j, fw, fv) >= target - tol
             if not hopeful.all():
                 fw, fv = fw[hopeful], fv[hopeful]
                 source = hopeful.nonzero()[0] if source is None else source[hopeful]
@@ -209,10 +208,10 @@ def solve_sparse(
     order, take, skip = _processing_order(take, skip, caps, dual.reduced, capacity, weights)
     weights, values = weights[order], values[order]
     dual = ChainDual(np.append(dual.price[order], 0.0), dual.reduced[order], dual.upper)
-    gap, step = dual.upper - lower, TARGET_STEPS
+    gap, step = dual.upper - lower, TARGET_STEPS if len(weights) >= FEW_ITEMS else 0
     while True:
         target = max(dual.upper - gap / 2**step, lower) if step > 0 else lower
-        done = _pass(weights, values, capacity, caps, dual, take, skip, target, tol, max_entries - total)
+        done = _pass(weights, values, caps, dual, take, skip, target, tol, max_entries - total)
         if done is None:
             return None
         chosen, best, entries = done
