@@ -70,8 +70,6 @@ class CappedTask:
     ) -> np.ndarray | None:
         """Fill the profile (returns None) or solve the leaf (returns its mask), in this process;
         ``stop`` (``value_profile.new_stop_flag``) is checked before every item (``SolveStopped``)."""
-        if stop is not None:
-            raise_if_stopped(stop)
         out = arena[self.offset : self.offset + self.capacity + 1]
         items = (weights[self.lo : self.hi], values[self.lo : self.hi], self.take, self.skip)
         if self.kind == "leaf":

@@ -80,11 +80,7 @@ def forward_item(f: np.ndarray, w: int, v: float, take: int, skip: int) -> None:
     np.maximum(f, candidates, out=f)
 
 
-def _stopped(stop: np.ndarray | None) -> bool:
-    return stop is not None and bool(stop[0])
-
-
-def _no_stop(stop: np.ndarray | None) -> np.ndarray:
+def _flag(stop: np.ndarray | None) -> np.ndarray:
     return value_profile.new_stop_flag() if stop is None else stop
 
 
@@ -97,8 +93,9 @@ def forward(
     stop: np.ndarray | None = None,
 ) -> None:
     """Add the items, in order, to the forward profile ``f`` (start from zeros: the empty set)."""
+    stop = _flag(stop)
     for w, v, t, s in zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True):
-        if _stopped(stop):
+        if stop[0]:
             return
         forward_item(f, w, v, t, s)
 
@@ -119,14 +116,14 @@ def backward(
         >>> h.tolist()
         [5.0, 5.0, 0.0, 0.0]
     """
-    size = len(h)
+    size, stop = len(h), _flag(stop)
     compiled = _compiled(len(weights) * size)
     if compiled is not None:
-        compiled.backward(*_as_arrays(weights, values, take, skip), h, _no_stop(stop))
+        compiled.backward(*_as_arrays(weights, values, take, skip), h, stop)
         return
     items = zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True)
     for w, v, t, s in reversed(list(items)):
-        if _stopped(stop):
+        if stop[0]:
             return
         candidates = np.full(size, NEG)
         upto = min(t, size - 1 - w)
@@ -153,15 +150,15 @@ def solve_leaf(
         >>> solve_leaf(w, v, np.array([5, 5, 5]), np.array([5, 5, 5]), np.zeros(6)).tolist()
         [True, True, False]
     """
-    n, size = len(weights), len(f)
+    n, size, stop = len(weights), len(f), _flag(stop)
     took = np.zeros((n, size), dtype=np.bool_)
     compiled = _compiled(n * size)
     if compiled is not None:
-        compiled.fill_leaf(*_as_arrays(weights, values, take, skip), f, took, _no_stop(stop))
+        compiled.fill_leaf(*_as_arrays(weights, values, take, skip), f, took, stop)
         return backtrack(weights, take, skip, took, size - 1)
     f[:] = 0.0
     for j in range(n):
-        if _stopped(stop):
+        if stop[0]:
             break
         candidates = _take_candidates(f, int(weights[j]), float(values[j]), int(take[j]))
         s = int(skip[j])
