@@ -15,28 +15,23 @@ from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.profile_types import Cost, StepProfile
-from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, remove_checkpointing
+from lightning_ckpt.core.wrapping import (
+    apply_checkpointing,
+    checkpointed_by_torch,
+    checkpointed_names,
+    remove_checkpointing,
+)
 from lightning_ckpt.lightning.checks import (
     check_single,
     check_trainer,
     explain_recompute_error,
-    strategy_checkpointed,
     take_over_model,
 )
-from lightning_ckpt.lightning.planning import (
-    PlanBook,
-    any_rank,
-    decide_plan,
-    log_metrics,
-    max_over_ranks,
-    model_signature,
-    non_candidates,
-    replanned,
-    run_setting,
-)
+from lightning_ckpt.lightning.plan_book import PlanBook, book_for_fit, model_signature, replanned, run_setting
 from lightning_ckpt.lightning.profile import BatchShapes, batch_shapes, profile_in_fit
-from lightning_ckpt.plan import CheckpointPlan
-from lightning_ckpt.planner import BudgetTooSmallError
+from lightning_ckpt.lightning.ranks import any_rank, decide_plan, log_metrics, max_over_ranks
+from lightning_ckpt.planning import BudgetTooSmallError
+from lightning_ckpt.planning.plan import CheckpointPlan
 from lightning_ckpt.solver.validate import Method
 from lightning_ckpt.units import BYTES_PER_GB
 
@@ -92,10 +87,8 @@ class AutoCheckpoint(Callback):
         self.config = AutoCheckpointConfig(budget_gb, targets, cost, solver, quantum_bytes, workers, measure)
         self._book = PlanBook()
         self._shapes: BatchShapes | None = None  # the batch shapes whose plan is applied now
-        self._plan_shapes: BatchShapes | None = None  # the same, kept after the fit for `plan`
         self._meter: track_peak_bytes | None = None
         self._setting: dict[str, Any] | None = None  # what the plans depend on besides the batch shapes
-        self._book_setting: dict[str, Any] | None = None  # the setting and model of the book's plans
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
         self._model_settings = contextlib.ExitStack()  # undoes what `take_over_model` changed
 
@@ -110,12 +103,12 @@ class AutoCheckpoint(Callback):
     @property
     def plan(self) -> CheckpointPlan | None:
         """The plan in force (``None`` before the first training step)."""
-        return self._book.plans.get(self._plan_shapes)
+        return self._book.plans.get(self._book.current)
 
     @property
     def profile(self) -> StepProfile | None:
         """The profile the plan in force was made from (``None`` for a plan restored from a checkpoint)."""
-        return self._book.profiles.get(self._plan_shapes)
+        return self._book.profiles.get(self._book.current)
 
     @property
     def plans(self) -> dict[BatchShapes, CheckpointPlan]:
@@ -198,39 +191,24 @@ class AutoCheckpoint(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        state = self._book.to_state(self._plan_shapes)
-        return {"budget_gb": self.budget_gb, "setting": self._book_setting, **state}
+        return {"budget_gb": self.budget_gb, **self._book.to_state()}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         try:
-            self._book, self._plan_shapes = PlanBook.from_state(state_dict)
+            self._book = PlanBook.from_state(state_dict)
         except ValueError as error:
             rank_zero_warn(
                 f"AutoCheckpoint: the checkpoint's saved plans are unusable ({error}); profiling anew"
             )
-            self._book, self._plan_shapes = PlanBook(), None
-        self._book_setting = state_dict.get("setting") if isinstance(state_dict, dict) else None
+            self._book = PlanBook()
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._model_settings = take_over_model(pl_module)
         candidates = self._candidates(pl_module)
         setting = {**(self._setting or {}), "model": model_signature(pl_module, candidates)}
-        outside = non_candidates(self._book, candidates)
-        other_setting, foreign = any_rank(trainer, setting != self._book_setting, bool(outside))
-        if self._book.plans and other_setting:  # another model, precision, strategy, ...: plan anew
-            rank_zero_info(
-                "AutoCheckpoint: the saved plans were made for another model or setting; planning anew"
-            )
-        elif self._book.plans and foreign:
-            rank_zero_warn(
-                f"AutoCheckpoint: the saved plans name modules that are not candidates of this model"
-                f" ({', '.join(outside[:5])}); profiling anew"
-            )
-        if self._book.plans and (other_setting or foreign):
-            self._book, self._plan_shapes = PlanBook(), None
-        self._book_setting = setting
+        self._book = book_for_fit(trainer, self._book, setting, candidates)
 
     # -- the work, handed to plain functions -------------------------------------------------------------
 
@@ -242,7 +220,7 @@ class AutoCheckpoint(Callback):
                 f"AutoCheckpoint: batch shapes {_shapes_text(shapes)}: their plan ({len(plan.checkpointed)} checkpointed)"
             )
         self._apply(pl_module, plan)
-        self._shapes = self._plan_shapes = shapes
+        self._shapes = self._book.current = shapes
         log_metrics(trainer, plan)
 
     def _wants_measure(self, trainer: pl.Trainer, shapes: BatchShapes) -> bool:
@@ -283,9 +261,10 @@ class AutoCheckpoint(Callback):
         return profile
 
     def _candidates(self, pl_module: pl.LightningModule) -> list[str]:
-        """The modules this callback may checkpoint (not those the strategy checkpoints itself)."""
-        own = strategy_checkpointed(pl_module)
-        return [name for name in find_candidates(pl_module, self.config.targets) if name not in own]
+        """The modules this callback may checkpoint (not those torch's checkpointing covers already)."""
+        names = find_candidates(pl_module, self.config.targets)
+        by_torch = checkpointed_by_torch(pl_module, names)
+        return [name for name in names if name not in by_torch]
 
     def _apply(self, pl_module: pl.LightningModule, plan: CheckpointPlan) -> None:
         """Checkpoint exactly ``plan.checkpointed`` (only what changes is unwrapped or wrapped)."""
@@ -335,12 +314,11 @@ class AutoCheckpoint(Callback):
         self._meter = track_peak_bytes(
             trainer.strategy.root_device, model=trainer.lightning_module, optimizer=optimizer
         )
-        self._meter.__enter__()
+        self._meter.start()
 
     def _stop_measuring(self) -> int:
         meter, self._meter = self._meter, None
-        meter.__exit__(None, None, None)
-        return int(meter.peak_bytes)
+        return meter.stop()
 
 
 def _shapes_text(shapes: BatchShapes) -> str:

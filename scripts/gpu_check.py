@@ -60,8 +60,8 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from examples.gpt import GPT  # noqa: E402
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
-from lightning_ckpt.planner import BudgetTooSmallError  # noqa: E402
+from lightning_ckpt.planning import BudgetTooSmallError  # noqa: E402
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
 
 GB = 1e9
 PROBE_BUDGET_GB = 1e6  # everything fits: the probe only wants the profile

@@ -30,7 +30,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from callback_helpers import tiny_gpt, token_loader  # noqa: E402
 
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
 from lightning_ckpt.testing import memory_cap  # noqa: E402
 
 STEPS, BATCH = 4, 4  # BATCH rows per rank and step

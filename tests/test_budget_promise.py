@@ -19,9 +19,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lightning_ckpt import AutoCheckpoint
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.core.wrapping import checkpointed_names
-from lightning_ckpt.planner import BudgetTooSmallError
+from lightning_ckpt.planning import BudgetTooSmallError
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.testing import memory_cap
 from lightning_ckpt.units import gb_to_bytes
 

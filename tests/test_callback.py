@@ -10,13 +10,15 @@ import torch
 from callback_helpers import TINY_GPT, block_names, fast_trainer, fit, tiny_gpt, token_loader
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import lightning_ckpt.callback as callback_module
-import lightning_ckpt.lightning.planning as planning_module
+import lightning_ckpt.lightning.ranks as ranks_module
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
+from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.wrapping import checkpointed_names
-from lightning_ckpt.planner import BudgetTooSmallError
+from lightning_ckpt.planning import BudgetTooSmallError
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
 
 GB = 1e9
 
@@ -201,18 +203,18 @@ def test_compiled_submodule_is_refused():
 def test_overshoot_triggers_one_replan(monkeypatch):
     _, high_bytes, profile = _profile_bounds(tiny_gpt())
     budget_bytes = (fixed_peak_bytes(profile) + high_bytes) // 2
-    real_stop = callback_module.AutoCheckpoint._stop_measuring
+    real_stop = track_peak_bytes.stop
     inflated = iter([budget_bytes + 10_000, budget_bytes + 10_000])  # the second overshoot must not re-plan
     first_checkpointed: list[int] = []
+    callback = AutoCheckpoint(budget_gb=budget_bytes / GB)
 
-    def stop_with_overshoot(self):
-        first_checkpointed.append(len(self.plan.checkpointed))
-        measured = real_stop(self)
+    def stop_with_overshoot(meter):
+        first_checkpointed.append(len(callback.plan.checkpointed))
+        measured = real_stop(meter)
         fake = next(inflated, None)
         return measured if fake is None else fake
 
-    monkeypatch.setattr(callback_module.AutoCheckpoint, "_stop_measuring", stop_with_overshoot)
-    callback = AutoCheckpoint(budget_gb=budget_bytes / GB)
+    monkeypatch.setattr(track_peak_bytes, "stop", stop_with_overshoot)
     with pytest.warns(UserWarning, match="over the budget"):
         fit(tiny_gpt(), [callback], max_steps=4)
     assert callback.plan.replanned
@@ -258,14 +260,14 @@ def test_an_exception_during_training_leaves_no_wrapper_and_no_meter():
     with pytest.raises(RuntimeError, match="boom at step 3"):
         fit(model, [callback], max_steps=5)
     assert callback.plan.checkpointed, "the run was checkpointing when it failed"
-    assert checkpointed_names(model) == [] and callback._meter is None
+    assert checkpointed_names(model) == [] and _get_current_dispatch_mode() is None, "no meter left measuring"
 
 
 def test_a_planning_failure_leaves_the_model_untouched(monkeypatch):
     def broken_plan(*args, **kwargs):
         raise RuntimeError("solver exploded")
 
-    monkeypatch.setattr(planning_module, "make_plan", broken_plan)
+    monkeypatch.setattr(ranks_module, "make_plan", broken_plan)
     model = tiny_gpt()
     with pytest.raises(RuntimeError, match="solver exploded"):
         fit(model, [AutoCheckpoint(budget_gb=1)], max_steps=2)
@@ -284,10 +286,8 @@ def test_resumed_run_that_overshoots_profiles_again_and_replans(tmp_path, monkey
         enable_checkpointing=True,
     )
     ckpt = next(tmp_path.glob("*step=1.ckpt"))
-    real_stop = callback_module.AutoCheckpoint._stop_measuring
-    monkeypatch.setattr(
-        callback_module.AutoCheckpoint, "_stop_measuring", lambda self: real_stop(self) + budget_bytes
-    )
+    real_stop = track_peak_bytes.stop
+    monkeypatch.setattr(track_peak_bytes, "stop", lambda meter: real_stop(meter) + budget_bytes)
     callback = AutoCheckpoint(budget_gb=budget_bytes / GB)
     with pytest.warns(UserWarning, match="over the budget"):
         fast_trainer([callback], max_steps=3).fit(

@@ -9,8 +9,8 @@ from lightning.pytorch.callbacks import Callback
 
 from examples.gpt import Block
 from lightning_ckpt import AutoCheckpoint
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.core.wrapping import is_checkpointed
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

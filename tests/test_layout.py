@@ -97,17 +97,38 @@ def test_solver_imports_neither_torch_nor_lightning():
 
 
 def test_lower_layers_do_not_import_upper_ones():
-    """core/ and solver/ import nothing from the Lightning, offline or top-level layers."""
+    """core/ and solver/ import nothing from the planning, Lightning, offline or top-level layers."""
     upper = (
         "lightning_ckpt.lightning",
         "lightning_ckpt.offline",
         "lightning_ckpt.callback",
-        "lightning_ckpt.planner",
+        "lightning_ckpt.planning",
         "lightning_ckpt.config",
     )
     for name, imported in _graph().items():
         if name.startswith(("lightning_ckpt.core", "lightning_ckpt.solver")):
             assert not [m for m in imported if m.startswith(upper)], name
+
+
+def _third_party_roots(path: Path) -> set[str]:
+    """Top-level names of everything the file imports (inside functions too)."""
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_core_is_the_memory_model_only():
+    """core/ (profiling, memory model, wrapping) imports neither the solver nor scipy: deciding is
+    planning's job."""
+    for name, imported in _graph().items():
+        if name.startswith("lightning_ckpt.core"):
+            assert not [m for m in imported if m.startswith("lightning_ckpt.solver")], name
+    for path in (PACKAGE / "core").rglob("*.py"):
+        assert "scipy" not in _third_party_roots(path), path
 
 
 def test_every_public_name_imports_from_the_package():

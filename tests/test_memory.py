@@ -10,11 +10,12 @@ import torch.nn as nn
 
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import measure_peak_bytes, track_peak_bytes
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
 from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.profile_types import ModuleProfile, StaticMemory, StepProfile
 from lightning_ckpt.core.profiler import profile_step
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
+from lightning_ckpt.planning.additive import keep_cost_bytes
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
 from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
 

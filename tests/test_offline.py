@@ -20,7 +20,7 @@ from lightning_ckpt.offline.cli import main
 from lightning_ckpt.offline.fake_step import first_batch, profile_training_step
 from lightning_ckpt.offline.plan import plan_offline
 from lightning_ckpt.offline.run_config import ClassSpec, load_run_config
-from lightning_ckpt.planner import BudgetTooSmallError
+from lightning_ckpt.planning import BudgetTooSmallError
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_ARGS = {"block_size": 64, "n_layer": 4, "n_head": 4, "n_embd": 64}

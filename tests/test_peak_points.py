@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from lightning_ckpt.core.candidates import find_candidates
-from lightning_ckpt.core.memory import fallback
-from lightning_ckpt.core.memory.choose import nested_instance
-from lightning_ckpt.core.memory.points import PeakPoint, PointMatrix, check_points, peak_points
-from lightning_ckpt.core.memory.prefix_form import prefix_form
 from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.planning import non_nested as fallback
+from lightning_ckpt.planning.nested import nested_instance, prefix_form
+from lightning_ckpt.planning.points import PeakPoint, PointMatrix, peak_points
 from lightning_ckpt.solver import solve_knapsack
 from tests.hetero_models import MODELS, profiled
+from tests.peak_replay import check_points
 from tests.test_planner import hand_profile
 from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
@@ -107,10 +107,13 @@ def test_nested_points_solve_as_enumeration_does():
         kept = np.zeros(n, dtype=bool)
         instance = nested_instance(form, values, budget, 1)
         if instance is not None:
-            items, weights, item_values, capacity, take, skip = instance
             result = solve_knapsack(
-                weights, item_values, capacity, prefix_capacities=take, skip_capacities=skip
+                instance.weights,
+                instance.values,
+                instance.capacity,
+                prefix_capacities=instance.take_capacities,
+                skip_capacities=instance.skip_capacities,
             )
-            kept[[items[j] for j in result.chosen]] = True
+            kept[[instance.items[j] for j in result.chosen]] = True
         assert fallback._fits(fallback.quantize_points(points, budget, 1), kept[None, :])[0]
         assert values[kept].sum() == pytest.approx(values[enumerated].sum(), abs=1e-12)

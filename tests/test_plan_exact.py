@@ -1,4 +1,4 @@
-"""Plans against brute force over every kept set under ``predict_peak_bytes`` (heterogeneous blocks)."""
+"""Plans against brute force over every kept set under the replayed peak (heterogeneous blocks)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from lightning_ckpt.config import AutoCheckpointConfig
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
-from lightning_ckpt.planner import make_plan
+from lightning_ckpt.planning import make_plan
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
 from tests.hetero_models import profiled
+from tests.peak_replay import replay_peak_bytes
 
 
 def every_kept_set(profile):
@@ -20,10 +21,7 @@ def every_kept_set(profile):
     seconds = np.array([m.recompute_seconds for m in profile.modules])
     masks = np.array(list(itertools.product([False, True], repeat=len(names))))
     peaks = np.array(
-        [
-            predict_peak_bytes(profile, [n for n, k in zip(names, kept, strict=True) if not k])
-            for kept in masks
-        ]
+        [replay_peak_bytes(profile, [n for n, k in zip(names, kept, strict=True) if not k]) for kept in masks]
     )
     return peaks, (~masks) @ seconds
 
@@ -37,7 +35,7 @@ def test_plan_recompute_equals_brute_force_optimum(name, seed):
     for budget in np.linspace(low, peaks.max(), 16 if n > 8 else 24).astype(int).tolist():
         for quantum in (1, 4096):
             plan = make_plan(profile, budget, AutoCheckpointConfig(budget_gb=1, quantum_bytes=quantum))
-            assert plan.predicted_peak_bytes == predict_peak_bytes(profile, plan.checkpointed) <= budget
+            assert plan.predicted_peak_bytes == replay_peak_bytes(profile, plan.checkpointed) <= budget
             best_at_budget = recompute[peaks <= budget].min()
             best_a_quantum_per_candidate_below = recompute[peaks <= budget - n * quantum].min(initial=np.inf)
             assert plan.recompute_seconds >= best_at_budget - 1e-12  # the oracle is right
@@ -76,8 +74,8 @@ def test_exact_plan_never_recomputes_more_than_the_additive_plan():
 def test_milp_fallback_matches_enumeration(monkeypatch):
     """Above ``ENUMERATE_MAX_ITEMS`` a non-nested step goes to the MILP (either terms, conditions)."""
     pytest.importorskip("scipy")
-    from lightning_ckpt.core.memory import fallback
-    from lightning_ckpt.core.memory.points import peak_points
+    from lightning_ckpt.planning import non_nested as fallback
+    from lightning_ckpt.planning.points import peak_points
 
     profile = profiled("unet", seed=6)
     points, values = peak_points(profile), [m.recompute_seconds for m in profile.modules]
@@ -96,7 +94,7 @@ def test_milp_fallback_matches_enumeration(monkeypatch):
 def test_a_step_without_candidates_plans_nothing():
     import dataclasses
 
-    from lightning_ckpt.planner import BudgetTooSmallError
+    from lightning_ckpt.planning import BudgetTooSmallError
 
     profile = dataclasses.replace(profiled("mixed"), modules=())
     peak = predict_peak_bytes(profile, [])

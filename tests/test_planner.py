@@ -8,10 +8,11 @@ import random
 import pytest
 
 from lightning_ckpt.config import AutoCheckpointConfig
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, keep_cost_bytes, predict_peak_bytes
 from lightning_ckpt.core.profile_types import ModuleProfile, StaticMemory, StepProfile
-from lightning_ckpt.plan import CheckpointPlan
-from lightning_ckpt.planner import BudgetTooSmallError, make_plan
+from lightning_ckpt.planning import BudgetTooSmallError, make_plan
+from lightning_ckpt.planning.additive import keep_cost_bytes
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
+from lightning_ckpt.planning.plan import CheckpointPlan
 
 MB = 1_000_000
 

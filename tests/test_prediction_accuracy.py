@@ -15,8 +15,8 @@ from callback_helpers import assert_within_two_percent, fast_trainer, probe_prof
 from torch import nn
 
 from lightning_ckpt import AutoCheckpoint
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.testing import memory_cap
 
 UNREACHABLE = 10**12

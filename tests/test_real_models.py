@@ -22,9 +22,9 @@ from torch.utils.checkpoint import CheckpointError, checkpoint
 
 from lightning_ckpt import AutoCheckpoint
 from lightning_ckpt.core import hf_models
-from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.core.wrapping import apply_checkpointing
 from lightning_ckpt.lightning.checks import explain_recompute_error
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.testing import memory_cap
 
 

@@ -2,7 +2,7 @@
 
 A stack of ``n`` MLP blocks of random widths and hidden sizes (``tests.hetero_models.Mixed``) is
 profiled on CPU, each block gets a random recompute time, and the planner's own formulation
-(``core.memory.points`` -> ``prefix_form`` -> ``choose.nested_instance``) gives the weights, values,
+(``planning.points`` -> ``planning.nested``) gives the weights, values,
 capacity and take/skip caps at a budget between checkpointing every block and keeping every one.
 Unlike the synthetic families, a profiled plan's caps come from the real backward timeline.
 
@@ -26,11 +26,10 @@ def plan_instance(n: int, budget_fraction: float = 0.5, seed: int = 0, quantum_b
 
     import torch
 
-    from lightning_ckpt.core.memory.choose import nested_instance
-    from lightning_ckpt.core.memory.model import fixed_peak_bytes, predict_peak_bytes
-    from lightning_ckpt.core.memory.points import PointMatrix, peak_points
-    from lightning_ckpt.core.memory.prefix_form import prefix_form
     from lightning_ckpt.core.profiler import profile_step
+    from lightning_ckpt.planning.nested import nested_instance, prefix_form
+    from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
+    from lightning_ckpt.planning.points import PointMatrix, peak_points
     from tests.hetero_models import Mixed
 
     rng = np.random.default_rng(seed)
@@ -55,6 +54,11 @@ def plan_instance(n: int, budget_fraction: float = 0.5, seed: int = 0, quantum_b
     found = nested_instance(form, [m.recompute_seconds for m in modules], budget, quantum_bytes)
     if found is None:
         raise RuntimeError(f"nothing can be kept at budget fraction {budget_fraction}")
-    _, weights, values, capacity, take, skip = found
     as_int = lambda a: np.asarray(a, dtype=np.int64)  # noqa: E731
-    return as_int(weights), np.asarray(values, dtype=np.float64), int(capacity), as_int(take), as_int(skip)
+    return (
+        as_int(found.weights),
+        np.asarray(found.values, dtype=np.float64),
+        int(found.capacity),
+        as_int(found.take_capacities),
+        as_int(found.skip_capacities),
+    )

@@ -2,7 +2,7 @@
 
 Memory: one short training run per policy (AutoCheckpoint's through the real callback, which profiles,
 plans and wraps on the first step); the peak of its last whole training step (forward, backward,
-optimizer step) is measured by :class:`~lightning_ckpt.core.memory.model.track_peak_bytes`, and its loss is kept
+optimizer step) is measured by :class:`~lightning_ckpt.core.memory.meter.track_peak_bytes`, and its loss is kept
 (the same for every policy: checkpointing does not change the arithmetic).
 
 Time: one more training run that switches the checkpointed blocks before every step, cycling through
@@ -36,7 +36,7 @@ from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
 from lightning_ckpt.offline.run_config import RunConfig, load_run_config
-from lightning_ckpt.planner import BudgetTooSmallError
+from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.units import BYTES_PER_GB
 
 log = logging.getLogger(__name__)

@@ -58,13 +58,6 @@ def outermost_matching(
     return names
 
 
-def outer_modules(model: nn.Module, name: str) -> list[nn.Module]:
-    """All modules (wrappers included, outermost first) whose stripped name is ``name``."""
-    return [
-        module for qualified, module in model.named_modules() if strip_wrapper_prefixes(qualified) == name
-    ]
-
-
 def resolve_modules(model: nn.Module, names: Iterable[str], argument: str = "names") -> dict[str, nn.Module]:
     """Resolve stripped (or wrapped) names to modules, all or nothing.
 

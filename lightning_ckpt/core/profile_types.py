@@ -1,6 +1,6 @@
 """The profile of one training step: plain, frozen data (no torch), made by :mod:`.profiler`.
 
-:func:`lightning_ckpt.core.memory.model.predict_peak_bytes` turns a :class:`StepProfile` into the peak
+:func:`lightning_ckpt.planning.peak.predict_peak_bytes` turns a :class:`StepProfile` into the peak
 memory of a step for any set of checkpointed candidates.
 """
 

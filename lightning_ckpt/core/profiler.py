@@ -1,7 +1,7 @@
 """Profile one training step: what each candidate module saves for backward and what recomputing it costs.
 
 ``profile_step`` runs one real forward+backward with saved-tensor hooks, module hooks, a live-storage
-counter and ``FlopCounterMode``, and returns a :class:`StepProfile` that :mod:`lightning_ckpt.core.memory.model`
+counter and ``FlopCounterMode``, and returns a :class:`StepProfile` that :mod:`lightning_ckpt.planning.peak`
 turns into a peak-memory prediction for any set of checkpointed candidates.
 
 Side effects, by design: the step consumes random numbers (dropout), so the caller restores RNG state if
@@ -68,7 +68,7 @@ def profile_step(
         batch: the tensors ``step_fn`` feeds the model (any nesting): they stay on the device for the whole
             step, so they count in every phase (``StepProfile.batch_bytes``), never as saved activations.
         optimizer: an optimizer instance, class or name, for the optimizer-state bytes (see
-            :func:`lightning_ckpt.core.memory.model.estimate_optimizer_bytes`).
+            :func:`lightning_ckpt.core.memory.optimizer.estimate_optimizer_bytes`).
 
     Raises:
         ValueError: bad ``cost``, unknown candidate names, ``cost="time"`` on fake tensors, checkpointed

@@ -50,10 +50,11 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
 from lightning_ckpt._compat import CHECKPOINT_WRAPPER_CLASS, NormBase, checkpoint_region, composable_api_names
-from lightning_ckpt.core.names import outer_modules, resolve_modules, strip_wrapper_prefixes
+from lightning_ckpt.core.names import resolve_modules, strip_wrapper_prefixes
 
 __all__ = [
     "apply_checkpointing",
+    "checkpointed_by_torch",
     "checkpointed_names",
     "checkpointing_removed",
     "is_checkpointed",
@@ -200,12 +201,28 @@ def is_checkpointed(module: nn.Module) -> bool:
     return isinstance(module.__dict__.get(_STATE), _Checkpoint)
 
 
-def _checkpointed_by_torch(model: nn.Module, name: str) -> bool:
-    """Whether torch's ``checkpoint_wrapper`` or composable ``checkpoint`` already covers module ``name``."""
-    return any(
-        type(module).__name__ == CHECKPOINT_WRAPPER_CLASS or "checkpoint" in composable_api_names(module)
-        for module in outer_modules(model, name)
-    )
+def checkpointed_by_torch(model: nn.Module, names: Iterable[str]) -> set[str]:
+    """The ``names`` (stripped of wrapper prefixes) that torch's ``checkpoint_wrapper`` or composable
+    ``checkpoint`` already covers: the module itself or one around it.
+
+    Example:
+        >>> import torch
+        >>> from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        >>> model = torch.nn.Sequential(checkpoint_wrapper(torch.nn.Sequential(torch.nn.Linear(2, 2))))
+        >>> sorted(checkpointed_by_torch(model, ["0", "0.0"]))
+        ['0', '0.0']
+    """
+    covering = {
+        strip_wrapper_prefixes(qualified)
+        for qualified, module in model.named_modules()
+        if type(module).__name__ == CHECKPOINT_WRAPPER_CLASS or "checkpoint" in composable_api_names(module)
+    }
+    return {name for name in names if any(_within(name, outer) for outer in covering)}
+
+
+def _within(name: str, outer: str) -> bool:
+    """Whether module ``name`` is ``outer`` or inside it (``""`` is the root)."""
+    return not outer or name == outer or name.startswith(outer + ".")
 
 
 def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:
@@ -237,10 +254,11 @@ def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:
         ['0']
     """
     modules = resolve_modules(model, list(names))
+    by_torch = checkpointed_by_torch(model, modules)
     wrapped: list[str] = []
     try:
         for name, module in modules.items():
-            if is_checkpointed(module) or _checkpointed_by_torch(model, name):
+            if is_checkpointed(module) or name in by_torch:
                 warnings.warn(f"module {name!r} is already checkpointed; not wrapping it twice", stacklevel=2)
                 continue
             wrapped.append(name)  # before `_wrap`, so that a failure inside it is undone too

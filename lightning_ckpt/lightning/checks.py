@@ -11,7 +11,6 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.checkpoint import CheckpointError
 
 from lightning_ckpt._compat import (
-    CHECKPOINT_WRAPPER_CLASS,
     COMPILED_MODULE_CLASS,
     compiled_by_lightning,
     strategy_checkpointing_kwargs,
@@ -77,19 +76,6 @@ def explain_recompute_error(exception: BaseException) -> None:
         note = wrapping.recompute_failure_note(name)
         if note not in getattr(exception, "__notes__", ()):
             exception.add_note(note)
-
-
-def strategy_checkpointed(module: torch.nn.Module) -> set[str]:
-    """Qualified names (wrapper prefixes stripped) of modules inside a torch ``CheckpointWrapper``."""
-    from lightning_ckpt.core.wrapping import strip_wrapper_prefixes
-
-    names: set[str] = set()
-    for name, child in module.named_modules():
-        if type(child).__name__ == CHECKPOINT_WRAPPER_CLASS:
-            names.update(
-                strip_wrapper_prefixes(f"{name}.{sub}".rstrip(".")) for sub, _ in child.named_modules()
-            )
-    return names
 
 
 def _is_compiled(module: torch.nn.Module) -> bool:

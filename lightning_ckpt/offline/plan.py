@@ -23,8 +23,8 @@ from lightning_ckpt.offline.fake_step import (
     profile_run_on_fake_tensors,
 )
 from lightning_ckpt.offline.run_config import RunConfig, load_run_config
-from lightning_ckpt.plan import CheckpointPlan
-from lightning_ckpt.planner import make_plan
+from lightning_ckpt.planning import make_plan
+from lightning_ckpt.planning.plan import CheckpointPlan
 from lightning_ckpt.units import BYTES_PER_GB
 
 __all__ = ["OfflinePlan", "plan_offline"]

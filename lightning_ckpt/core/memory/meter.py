@@ -43,7 +43,8 @@ class track_peak_bytes:  # noqa: N801 - used like a function: `with track_peak_b
         self.peak_bytes = 0
         self._tracker: LiveStorageTracker | None = None
 
-    def __enter__(self) -> track_peak_bytes:
+    def start(self) -> track_peak_bytes:
+        """Start measuring (what ``with`` does on entry); for measurements that span two hooks."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -52,13 +53,21 @@ class track_peak_bytes:  # noqa: N801 - used like a function: `with track_peak_b
             self._existing = []
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def stop(self) -> int:
+        """Stop measuring (what ``with`` does on exit); returns ``peak_bytes``."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
         else:
-            self._tracker.__exit__(*exc_info)
+            self._tracker.__exit__(None, None, None)
             self.peak_bytes = self.baseline_bytes + self._tracker.peak_bytes
+        return int(self.peak_bytes)
+
+    def __enter__(self) -> track_peak_bytes:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
 
 
 def measure_peak_bytes(

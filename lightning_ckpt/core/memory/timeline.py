@@ -45,35 +45,3 @@ def held_at(starts: np.ndarray, nbytes: np.ndarray, times: Sequence[float]) -> n
     order = np.argsort(starts, kind="stable")
     cumulative = np.concatenate([[0], np.cumsum(nbytes[order])])
     return cumulative[np.searchsorted(starts[order], np.asarray(times, dtype=np.float64), side="right")]
-
-
-class AliveStarts:
-    """``alive_from`` of every storage for a checkpointed set, and for that set less one candidate
-    (only the storages that candidate saves or takes as input change), without recomputing the rest.
-
-    Example:
-        >>> from lightning_ckpt.core.profile_types import SavedStorage
-        >>> storages = [SavedStorage(8, (("a", 1),), ()), SavedStorage(4, ((None, 2),), (("a", 0),))]
-        >>> starts = AliveStarts(storages, {"a"})
-        >>> starts.base.tolist(), starts.without("a").tolist()
-        ([inf, 0.0], [1.0, 2.0])
-    """
-
-    def __init__(self, storages: Sequence[SavedStorage], checkpointed: Collection[str]) -> None:
-        self.storages, self.checkpointed = storages, frozenset(checkpointed)
-        self.base = np.array([alive_from(s, self.checkpointed) for s in storages], dtype=np.float64)
-        self.nbytes = np.array([s.nbytes for s in storages], dtype=np.int64)
-        self._touching: dict[str, list[int]] = {}
-        for i, storage in enumerate(storages):
-            names = {owner for owner, _ in storage.saves if owner is not None}
-            for name in names | {name for name, _ in storage.inputs}:
-                self._touching.setdefault(name, []).append(i)
-
-    def without(self, candidate: str) -> np.ndarray:
-        """The starts with ``candidate`` not checkpointed."""
-        if candidate not in self.checkpointed:
-            return self.base
-        starts, rest = self.base.copy(), self.checkpointed - {candidate}
-        for i in self._touching.get(candidate, ()):
-            starts[i] = alive_from(self.storages[i], rest)
-        return starts

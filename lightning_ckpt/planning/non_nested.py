@@ -1,4 +1,4 @@
-"""The exact plan when the peak points are not nested (parallel branches, skips, hand-made profiles).
+"""The exact route when the peak points are not nested (parallel branches, skips, hand-made profiles).
 
 The module-level instance is solved exactly: by enumerating every kept set in bytes (numpy, exact
 integers: the optimum at the budget itself) up to ``ENUMERATE_MAX_ITEMS`` candidates, above that by
@@ -7,7 +7,7 @@ rounded up, each point's room ``budget - base`` down, to whole quanta: a set tha
 fits in bytes, and at most one quantum per term is lost), its answer checked in integers.
 
 Example:
-    >>> from lightning_ckpt.core.memory.points import PeakPoint
+    >>> from lightning_ckpt.planning.points import PeakPoint
     >>> points = (PeakPoint(10, np.array([4, 4])), PeakPoint(10, np.array([0, 6]), when=(0, False)))
     >>> solve_points(points, [1.0, 3.0], budget_bytes=16, quantum_bytes=1)
     (array([False,  True]), 'enumeration')
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_ckpt.core.memory.points import PeakPoint
+from lightning_ckpt.planning.points import PeakPoint
 
 __all__ = ["ENUMERATE_MAX_ITEMS", "QuantizedPoint", "quantize_points", "solve_points"]
 

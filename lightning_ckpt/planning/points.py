@@ -1,26 +1,27 @@
 """The peak of a step as a maximum over points, each an affine function of the kept candidates.
 
-:func:`~lightning_ckpt.core.memory.model.predict_peak_bytes` replays the step's phases; this module
-writes the same computation once per phase, for every checkpointing choice at the same time: at a
-point, a saved storage is held when any of its *literals* holds (a save by a kept candidate, or an
+The step's phases (the backward's points and the candidates' forwards, see
+:class:`~lightning_ckpt.core.profile_types.BackwardPhase`) are written once each, for every
+checkpointing choice at the same time: at a point, a saved storage is held when any of its *literals* holds (a save by a kept candidate, or an
 input of a checkpointed one, at or before the point's time; a save outside the candidates makes it
 held always). A storage with one literal adds its bytes to that candidate's coefficient (or, for an
 input, to the base less the coefficient); a storage with several is an *either* term (an OR), which
 no single coefficient expresses. The recompute of a checkpointed candidate in its own backward
 splits its points in two, one for each choice; its own checkpointed forward counts only when it is
-checkpointed. So for every kept set ``K``:
+checkpointed. The predicted peak of a kept set ``K`` is
 
-    predict_peak_bytes(profile, not K) == max(point.bytes(K) for the points that apply to K)
+    max(point.bytes(K) for the points that apply to K)
 
-which ``tests/test_peak_points.py`` checks on random sets. The planner solves it exactly.
+(:func:`~lightning_ckpt.planning.peak.predict_peak_bytes`), and the planner solves it exactly.
+``tests/peak_replay.py`` replays the step phase by phase as an independent oracle, and
+``tests/test_peak_points.py`` checks that the two agree on random sets.
 
 Example:
     >>> from lightning_ckpt.core.profile_types import ModuleProfile, StaticMemory, StepProfile
     >>> modules = (ModuleProfile("a", 30, 10, 0.1, 0), ModuleProfile("b", 50, 10, 0.1, 0))
     >>> profile = StepProfile(modules, StaticMemory("cpu", 100, 0, 0, 0), 5, 2)
-    >>> points = peak_points(profile)
-    >>> peak_of_points(points, [True, False]), predict_peak_bytes(profile, ["b"])
-    (187, 187)
+    >>> peak_of_points(peak_points(profile), [True, False])  # b checkpointed: a kept, b's input, recompute
+    187
 """
 
 from __future__ import annotations
@@ -31,13 +32,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lightning_ckpt.core.memory.model import _checked_zero_grad, _last_step_held, predict_peak_bytes
-from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.core.profile_types import ZERO_GRADS, StepProfile
 
 if TYPE_CHECKING:
-    from lightning_ckpt.core.profile_types import ZeroGrad
+    from lightning_ckpt.core.profile_types import BackwardPhase, ZeroGrad
 
-__all__ = ["PeakPoint", "PointMatrix", "check_points", "peak_of_points", "peak_points"]
+__all__ = [
+    "PeakPoint",
+    "PointMatrix",
+    "checked_zero_grad",
+    "last_step_held_bytes",
+    "peak_of_points",
+    "peak_points",
+]
 
 Literal = tuple[int, bool]
 """(candidate index, kept): a save of a kept candidate (True) or an input of a checkpointed one (False)."""
@@ -107,7 +114,7 @@ def peak_points(profile: StepProfile, *, zero_grad: ZeroGrad | None = None) -> t
     Raises:
         ValueError: if ``zero_grad`` is not one of its values.
     """
-    when = _checked_zero_grad(profile.zero_grad if zero_grad is None else zero_grad)
+    when = checked_zero_grad(profile.zero_grad if zero_grad is None else zero_grad)
     if not profile.storages:
         return _points_from_totals(profile)
     names = {module.name: i for i, module in enumerate(profile.modules)}
@@ -117,7 +124,7 @@ def peak_points(profile: StepProfile, *, zero_grad: ZeroGrad | None = None) -> t
     specs: list[tuple[float, Literal | None, int, Literal | None]] = []  # time, fixed, base, when
     for phase in profile.phases:
         index = names.get(phase.candidate) if phase.candidate is not None else None
-        extra = outer + phase.extra_bytes + _last_step_held(phase, profile, when)
+        extra = outer + phase.extra_bytes + last_step_held_bytes(phase, profile, when)
         if phase.if_checkpointed:
             if index is not None:  # counted only when checkpointed, its own saves not made
                 specs.append((phase.time, (index, False), extra, (index, False)))
@@ -242,11 +249,23 @@ def _points_from_totals(profile: StepProfile) -> tuple[PeakPoint, ...]:
     return tuple(points)
 
 
-def check_points(profile: StepProfile, points: tuple[PeakPoint, ...], kept) -> int:
-    """``predict_peak_bytes`` for a kept mask, asserting the points agree (for tests and debugging)."""
-    checkpointed = [m.name for m, keep in zip(profile.modules, kept, strict=True) if not keep]
-    expected = predict_peak_bytes(profile, checkpointed)
-    got = peak_of_points(points, kept)
-    if got != expected:
-        raise AssertionError(f"points give {got} bytes, predict_peak_bytes {expected} for kept {list(kept)}")
-    return expected
+def last_step_held_bytes(phase: BackwardPhase, profile: StepProfile, when: ZeroGrad) -> int:
+    """Bytes of parameter gradients alive at ``phase`` and, in a Lightning loop's forward, what the last
+    step still holds (its loss and the loop's copy of it)."""
+    grads = profile.static.grad_bytes
+    if when == "never":
+        return grads + (profile.after_backward_bytes if phase.forward else 0)
+    if phase.forward:
+        return grads + profile.after_backward_bytes if when == "after_forward" else 0
+    return min(phase.grad_bytes, grads)
+
+
+def checked_zero_grad(when: str) -> ZeroGrad:
+    """``when`` if it is one of ``ZERO_GRADS``.
+
+    Raises:
+        ValueError: naming the allowed values and what was given.
+    """
+    if when not in ZERO_GRADS:
+        raise ValueError(f"`zero_grad` must be one of {ZERO_GRADS}, got {when!r}")
+    return when

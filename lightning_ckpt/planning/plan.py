@@ -16,7 +16,7 @@ class PlanItem:
 
     Example:
         >>> PlanItem("h.0", activation_bytes=4_000_000, input_bytes=1_000_000, recompute_seconds=0.002)
-        PlanItem(name='h.0', activation_bytes=4000000, input_bytes=1000000, recompute_seconds=0.002, flops=0)
+        PlanItem(name='h.0', activation_bytes=4000000, input_bytes=1000000, recompute_seconds=0.002, flops=0, keep_bytes=0)
     """
 
     name: str
@@ -24,6 +24,8 @@ class PlanItem:
     input_bytes: int
     recompute_seconds: float
     flops: int = 0
+    keep_bytes: int = 0
+    """What the knapsack weighed: the most bytes keeping it adds to any point of the predicted peak."""
 
 
 @dataclass(frozen=True)
@@ -157,10 +159,22 @@ def _checked(cls: type, data: dict[str, Any]) -> Any:
 
 
 def format_plan_table(plan: CheckpointPlan) -> str:
-    """The plan as a fixed-width table with totals (what the callback logs on rank 0)."""
+    """The plan as a fixed-width table with totals (what the callback logs on rank 0).
+
+    "saved MB" is what the knapsack weighed for a checkpointed module: the most bytes keeping it would
+    add to any point of the predicted peak. A plan without recompute times (planned offline without a
+    device speed) shows each module's recompute cost in forward GFLOP instead.
+    """
     checkpointed = set(plan.checkpointed)
-    rows = [_item_row(item, item.name in checkpointed) for item in plan.items]
-    header = ("module", "activations MB", "saved MB", "recompute ms", "decision")
+    timed = _timed(plan)
+    rows = [_item_row(item, item.name in checkpointed, timed) for item in plan.items]
+    header = (
+        "module",
+        "activations MB",
+        "saved MB",
+        "recompute ms" if timed else "recompute GFLOP",
+        "decision",
+    )
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [_fmt_row(header, widths), _fmt_row(tuple("-" * w for w in widths), widths)]
     lines += [_fmt_row(row, widths) for row in rows]
@@ -176,17 +190,21 @@ _REQUIRED = {
 }
 
 
-def _item_row(item: PlanItem, is_checkpointed: bool) -> tuple[str, ...]:
-    freed_mb = max(item.activation_bytes - item.input_bytes, 0) / BYTES_PER_MB if is_checkpointed else 0.0
-    decision = "checkpoint" if is_checkpointed else "keep"
-    recompute_ms = item.recompute_seconds * 1e3
+def _item_row(item: PlanItem, is_checkpointed: bool, timed: bool) -> tuple[str, ...]:
+    saved_mb = item.keep_bytes / BYTES_PER_MB if is_checkpointed else 0.0
+    cost = f"{item.recompute_seconds * 1e3:.3f}" if timed else f"{item.flops / 1e9:.3f}"
     return (
         item.name,
         f"{item.activation_bytes / BYTES_PER_MB:.2f}",
-        f"{freed_mb:.2f}",
-        f"{recompute_ms:.3f}",
-        decision,
+        f"{saved_mb:.2f}",
+        cost,
+        "checkpoint" if is_checkpointed else "keep",
     )
+
+
+def _timed(plan: CheckpointPlan) -> bool:
+    """Whether the plan has recompute times (an offline plan without a device speed has only FLOPs)."""
+    return any(item.recompute_seconds for item in plan.items) or not any(item.flops for item in plan.items)
 
 
 def _fmt_row(cells: Sequence[str], widths: Sequence[int]) -> str:
@@ -199,9 +217,13 @@ def _summary_lines(plan: CheckpointPlan) -> list[str]:
     measured = (
         "not yet" if plan.measured_peak_bytes is None else f"{plan.measured_peak_bytes / BYTES_PER_GB:.4f} GB"
     )
+    if _timed(plan):
+        recompute = f"+{plan.recompute_seconds * 1e3:.2f} ms recompute per step"
+    else:
+        flops = sum(item.flops for item in plan.items if item.name in set(plan.checkpointed))
+        recompute = f"+{flops / 1e9:.3f} GFLOP recompute per step; no recompute times were measured"
     lines = [
-        f"checkpointed {len(plan.checkpointed)} of {len(plan.items)} modules"
-        f" (+{plan.recompute_seconds * 1e3:.2f} ms recompute per step)",
+        f"checkpointed {len(plan.checkpointed)} of {len(plan.items)} modules ({recompute})",
         f"budget {plan.budget_bytes / BYTES_PER_GB:.4f} GB | static {plan.static_bytes / BYTES_PER_GB:.4f} GB"
         f" | predicted peak {plan.predicted_peak_bytes / BYTES_PER_GB:.4f} GB | measured peak {measured}",
         f"solver {plan.solver_method} in {plan.solver_seconds * 1e3:.2f} ms",

@@ -1,34 +1,32 @@
-"""Peak-memory model of a training step for any set of checkpointed candidates.
+"""The test oracle of the peak: the profiled step replayed phase by phase, for one checkpointing choice.
 
-The prediction replays the backward of the profiled step. For each measured phase (a point of the
+The library predicts the peak from its points (``lightning_ckpt.planning.points``), all choices at
+once; this replays the same step for one choice, the way the memory model reads, and
+``tests/test_peak_points.py`` checks that the two agree. For each measured phase (a point of the
 backward, see :class:`lightning_ckpt.core.profile_types.BackwardPhase`) it adds the saved storages alive there
 under the checkpointing choice and the phase's measured extra (gradients, temporaries); a checkpointed
 candidate being recomputed at that point counts as kept. The optimizer step is one more phase, with no
 activations left and its own temporaries. The peak is the largest phase plus the static bytes
 (parameters, gradients, optimizer state, buffers).
-
-Knapsack form: for every set ``S`` of checkpointed candidates,
-``predict_peak_bytes(p, S) <= fixed_peak_bytes(p) + sum(keep_cost_bytes(p)[m] for m not in S)``,
-with equality when ``S`` holds every candidate (``fixed_peak_bytes`` *is* that prediction).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lightning_ckpt.core.memory.timeline import AliveStarts, held_at
-from lightning_ckpt.core.profile_types import ZERO_GRADS
+from lightning_ckpt.core.memory.timeline import alive_from, held_at
+from lightning_ckpt.planning.points import checked_zero_grad, last_step_held_bytes, peak_of_points
 
 if TYPE_CHECKING:
-    from lightning_ckpt.core.profile_types import BackwardPhase, SavedStorage, StepProfile, ZeroGrad
+    from lightning_ckpt.core.profile_types import SavedStorage, StepProfile, ZeroGrad
 
-__all__ = ["fixed_peak_bytes", "keep_cost_bytes", "predict_peak_bytes"]
+__all__ = ["check_points", "replay_peak_bytes"]
 
 
-def predict_peak_bytes(
+def replay_peak_bytes(
     profile: StepProfile, checkpointed: Iterable[str], *, zero_grad: ZeroGrad | None = None
 ) -> int:
     """Predicted peak bytes of a training step with the candidates ``checkpointed`` checkpointed.
@@ -46,7 +44,7 @@ def predict_peak_bytes(
             not one of its values.
     """
     chosen = _checked(profile, checkpointed)
-    when = _checked_zero_grad(profile.zero_grad if zero_grad is None else zero_grad)
+    when = checked_zero_grad(profile.zero_grad if zero_grad is None else zero_grad)
     if not profile.storages:
         return _predict_from_totals(profile, chosen)
     grads = profile.static.grad_bytes
@@ -61,7 +59,7 @@ def predict_peak_bytes(
         recomputed = recompute.get(candidate, 0)  # only in the backward: its forward phase has it already
         extra = np.array(
             [
-                p.extra_bytes + _last_step_held(p, profile, when) + (0 if p.forward else recomputed)
+                p.extra_bytes + last_step_held_bytes(p, profile, when) + (0 if p.forward else recomputed)
                 for p in phases
             ],
             dtype=np.int64,
@@ -70,61 +68,11 @@ def predict_peak_bytes(
     own = [p for p in profile.phases if p.if_checkpointed and p.candidate in chosen]
     if own:  # a checkpointed candidate's own forward: its inputs kept, its saves never made
         held = held_at(starts.base, starts.nbytes, [phase.time for phase in own])
-        extra = np.array([p.extra_bytes + _last_step_held(p, profile, when) for p in own], dtype=np.int64)
+        extra = np.array(
+            [p.extra_bytes + last_step_held_bytes(p, profile, when) for p in own], dtype=np.int64
+        )
         peak = max(peak, int((held + extra).max()))
     return profile.static_bytes - grads + profile.batch_bytes + peak
-
-
-def _last_step_held(phase: BackwardPhase, profile: StepProfile, when: ZeroGrad) -> int:
-    """Bytes of parameter gradients alive at ``phase`` and, in a Lightning loop's forward, what the last
-    step still holds (its loss and the loop's copy of it)."""
-    grads = profile.static.grad_bytes
-    if when == "never":
-        return grads + (profile.after_backward_bytes if phase.forward else 0)
-    if phase.forward:
-        return grads + profile.after_backward_bytes if when == "after_forward" else 0
-    return min(phase.grad_bytes, grads)
-
-
-def _checked_zero_grad(when: str) -> ZeroGrad:
-    if when not in ZERO_GRADS:
-        raise ValueError(f"`zero_grad` must be one of {ZERO_GRADS}, got {when!r}")
-    return when
-
-
-def fixed_peak_bytes(profile: StepProfile) -> int:
-    """The knapsack's fixed part: the predicted peak with every candidate checkpointed.
-
-    It holds the static bytes, the activations saved outside candidates, the inputs that the checkpoints
-    keep, the backward's extra and the recomputation of a checkpointed candidate during its backward.
-    """
-    return predict_peak_bytes(profile, [module.name for module in profile.modules])
-
-
-def keep_cost_bytes(profile: StepProfile) -> dict[str, int]:
-    """Per candidate, the bytes that keeping its activations adds over checkpointing it (>= 0).
-
-    That is the storages it saves that nothing else holds from the same point on (not an input the
-    candidate's own checkpoint would keep, not saved earlier outside the candidates).
-    """
-    names = [module.name for module in profile.modules]
-    if not profile.storages:
-        return {m.name: max(m.activation_bytes - m.input_bytes, 0) for m in profile.modules}
-    costs = dict.fromkeys(names, 0)
-    for storage in profile.storages:
-        for owner in {
-            owner for owner, seq in storage.saves if owner is not None and not _covered(storage, owner, seq)
-        }:
-            if owner in costs:
-                costs[owner] += storage.nbytes
-    return costs
-
-
-def _covered(storage: SavedStorage, owner: str, seq: int) -> bool:
-    """Whether the storage is held from ``seq`` on even when ``owner`` is checkpointed: saved before
-    outside the candidates, or an input of an earlier call of ``owner`` (kept by its checkpoint)."""
-    by_other = any(o is None and s <= seq for o, s in storage.saves)
-    return by_other or any(name == owner and s <= seq for name, s in storage.inputs)
 
 
 def _checked(profile: StepProfile, checkpointed: Iterable[str]) -> frozenset[str]:
@@ -154,3 +102,45 @@ def _predict_from_totals(profile: StepProfile, chosen: frozenset[str]) -> int:
             held += module.activation_bytes
     step_bytes = held + profile.backward_extra_bytes + recompute
     return profile.static_bytes + profile.batch_bytes + max(step_bytes, profile.optimizer_step_bytes)
+
+
+def check_points(profile: StepProfile, points, kept) -> int:
+    """The replayed peak for a kept mask, asserting the points agree."""
+    checkpointed = [m.name for m, keep in zip(profile.modules, kept, strict=True) if not keep]
+    expected = replay_peak_bytes(profile, checkpointed)
+    got = peak_of_points(points, kept)
+    if got != expected:
+        raise AssertionError(f"points give {got} bytes, the replay {expected} for kept {list(kept)}")
+    return expected
+
+
+class AliveStarts:
+    """``alive_from`` of every storage for a checkpointed set, and for that set less one candidate
+    (only the storages that candidate saves or takes as input change), without recomputing the rest.
+
+    Example:
+        >>> from lightning_ckpt.core.profile_types import SavedStorage
+        >>> storages = [SavedStorage(8, (("a", 1),), ()), SavedStorage(4, ((None, 2),), (("a", 0),))]
+        >>> starts = AliveStarts(storages, {"a"})
+        >>> starts.base.tolist(), starts.without("a").tolist()
+        ([inf, 0.0], [1.0, 2.0])
+    """
+
+    def __init__(self, storages: Sequence[SavedStorage], checkpointed: Collection[str]) -> None:
+        self.storages, self.checkpointed = storages, frozenset(checkpointed)
+        self.base = np.array([alive_from(s, self.checkpointed) for s in storages], dtype=np.float64)
+        self.nbytes = np.array([s.nbytes for s in storages], dtype=np.int64)
+        self._touching: dict[str, list[int]] = {}
+        for i, storage in enumerate(storages):
+            names = {owner for owner, _ in storage.saves if owner is not None}
+            for name in names | {name for name, _ in storage.inputs}:
+                self._touching.setdefault(name, []).append(i)
+
+    def without(self, candidate: str) -> np.ndarray:
+        """The starts with ``candidate`` not checkpointed."""
+        if candidate not in self.checkpointed:
+            return self.base
+        starts, rest = self.base.copy(), self.checkpointed - {candidate}
+        for i in self._touching.get(candidate, ()):
+            starts[i] = alive_from(self.storages[i], rest)
+        return starts

@@ -5,11 +5,12 @@ candidate, no either term, and sets ``A`` that form a chain ``A_1 ⊂ A_2 ⊂ ..
 blocks in reverse forward order, so a point sees the blocks before it). Ordering the candidates along
 the chain, each point bounds the kept weight of a prefix; a point that counts only when candidate
 ``c`` is kept (or checkpointed) needs ``A`` to be exactly the candidates before ``c``, and binds ``c``'s
-take (or skip) capacity. ``prefix_form`` finds that order or says the points are not nested (None).
+take (or skip) capacity. ``prefix_form`` finds that order or says the points are not nested (None);
+``nested_instance`` turns it into the capped knapsack in quanta at a budget.
 
 Example:
     >>> import numpy as np
-    >>> from lightning_ckpt.core.memory.points import PeakPoint, PointMatrix
+    >>> from lightning_ckpt.planning.points import PeakPoint, PointMatrix
     >>> points = (
     ...     PeakPoint(10, np.array([0, 0])),  # before anything is kept
     ...     PeakPoint(12, np.array([5, 0]), when=(1, False)),  # b recomputed: a kept counts
@@ -18,18 +19,21 @@ Example:
     >>> form = prefix_form(points)
     >>> form.order, form.weight_bytes, form.skip_base_bytes, form.total_base_bytes
     ((0, 1), (5, 7), (10, 12), 11)
+    >>> nested_instance(form, [1.0, 2.0], budget_bytes=20, quantum_bytes=1)
+    NestedInstance(items=(0, 1), weights=(5, 7), values=(1.0, 2.0), capacity=9, take_capacities=(9, 9), skip_capacities=(9, 8))
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_ckpt.core.memory.points import PeakPoint, PointMatrix
+from lightning_ckpt.planning.points import PeakPoint, PointMatrix
 
-__all__ = ["PrefixForm", "prefix_form"]
+__all__ = ["NestedInstance", "PrefixForm", "nested_instance", "prefix_form"]
 
 NO_BOUND = -math.inf
 
@@ -48,6 +52,23 @@ class PrefixForm:
     take_base_bytes: tuple[float, ...]
     skip_base_bytes: tuple[float, ...]
     total_base_bytes: float
+
+
+@dataclass(frozen=True)
+class NestedInstance:
+    """The capped knapsack of nested points at one budget, in quanta (what ``solve_knapsack`` takes).
+
+    Item ``j`` is the candidate ``items[j]`` (profile order); it may be kept while the kept items before
+    it weigh at most ``take_capacities[j]``, and checkpointed while they weigh at most
+    ``skip_capacities[j]``; all kept items weigh at most ``capacity``.
+    """
+
+    items: tuple[int, ...]
+    weights: tuple[int, ...]
+    values: tuple[float, ...]
+    capacity: int
+    take_capacities: tuple[int, ...]
+    skip_capacities: tuple[int, ...]
 
 
 def prefix_form(points: tuple[PeakPoint, ...], matrix: PointMatrix | None = None) -> PrefixForm | None:
@@ -128,4 +149,54 @@ def _bases(grouped, order: list[int], weights: np.ndarray, chain) -> PrefixForm:
         take_base_bytes=tuple(take),
         skip_base_bytes=tuple(skip),
         total_base_bytes=total,
+    )
+
+
+def _quanta(budget_bytes: int, base_bytes: float, quantum_bytes: int) -> float:
+    """Whole quanta of room under the budget above a base (``inf`` for no base)."""
+    return (
+        float("inf")
+        if base_bytes == float("-inf")
+        else (int(budget_bytes) - int(base_bytes)) // quantum_bytes
+    )
+
+
+def nested_instance(
+    form: PrefixForm, values: Sequence[float], budget_bytes: int, quantum_bytes: int
+) -> NestedInstance | None:
+    """The capped knapsack at the budget, in quanta, or None when nothing can be kept.
+
+    Weights are rounded up and rooms down to whole quanta. Candidates that cannot be kept are left out,
+    their skip cap moved to the next item (the same kept items lie before it).
+
+    Raises:
+        ValueError: when nothing fits, not even checkpointing every candidate.
+    """
+    weights = [-(-w // quantum_bytes) for w in form.weight_bytes]
+    capacity = _quanta(budget_bytes, form.total_base_bytes, quantum_bytes)
+    if capacity == float("inf"):
+        capacity = sum(weights)
+    if capacity < 0:
+        raise ValueError("no set of kept candidates fits the budget, not even checkpointing every one")
+    items, kept_weights, kept_values, take, skip = [], [], [], [], []
+    carried = float("inf")  # the skip caps of left-out items, binding the next item
+    for j, candidate in enumerate(form.order):
+        take_j = min(_quanta(budget_bytes, form.take_base_bytes[j], quantum_bytes), carried, capacity)
+        skip_j = min(_quanta(budget_bytes, form.skip_base_bytes[j], quantum_bytes), carried, capacity)
+        if skip_j < 0:
+            raise ValueError("no set of kept candidates fits the budget, not even checkpointing every one")
+        if take_j < 0 or weights[j] > capacity:
+            carried = skip_j
+            continue
+        carried = float("inf")
+        items.append(candidate)
+        kept_weights.append(weights[j])
+        kept_values.append(float(values[candidate]))
+        take.append(int(take_j))
+        skip.append(int(skip_j))
+    if not items:
+        return None
+    capacity = int(min(capacity, carried))
+    return NestedInstance(
+        tuple(items), tuple(kept_weights), tuple(kept_values), capacity, tuple(take), tuple(skip)
     )

@@ -1,0 +1,138 @@
+"""The saved-plans book: the plans of a fit by batch shape, what they were made for, and whether a
+resumed fit may use them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.lightning.profile import BatchShapes
+from lightning_ckpt.lightning.ranks import any_rank
+from lightning_ckpt.planning.plan import CheckpointPlan
+
+__all__ = ["PlanBook", "book_for_fit", "model_signature", "replanned", "run_setting"]
+
+
+def run_setting(trainer: pl.Trainer, config: AutoCheckpointConfig) -> dict[str, Any]:
+    """What a saved plan depends on besides the batch shapes: a resumed run with another one plans anew."""
+    return {
+        "config": {key: value for key, value in dataclasses.asdict(config).items() if key != "measure"},
+        "precision": str(trainer.precision),
+        "strategy": type(trainer.strategy).__name__,
+        "world_size": int(trainer.world_size),
+        "accumulate_grad_batches": int(trainer.accumulate_grad_batches),
+    }
+
+
+def model_signature(pl_module: torch.nn.Module, candidates: list[str]) -> dict[str, Any]:
+    """What identifies the model a plan was made for: its class, its candidates, its parameter count
+    (lazy parameters, still without a shape, count as none)."""
+    parameters = (p for p in pl_module.parameters() if not torch.nn.parameter.is_lazy(p))
+    return {
+        "class": type(pl_module).__qualname__,
+        "candidates": list(candidates),
+        "parameters": sum(p.numel() for p in parameters),
+    }
+
+
+def replanned(plan: CheckpointPlan, budget_bytes: int, measured_peak_bytes: int | None) -> CheckpointPlan:
+    """Mark a plan as the result of the one re-plan, reporting the user's budget (not the reduced one)."""
+    data = plan.to_dict() | {
+        "replanned": True,
+        "budget_bytes": budget_bytes,
+        "measured_peak_bytes": measured_peak_bytes,
+    }
+    return CheckpointPlan.from_dict(data)
+
+
+@dataclass
+class PlanBook:
+    """The plans of a fit, one per batch shape, with the profiles they were made from, the shapes whose
+    plan is in force, and the setting (run and model) they were made for.
+
+    Example:
+        >>> book = PlanBook(setting={"precision": "32-true"})
+        >>> PlanBook.from_state(book.to_state()) == book
+        True
+    """
+
+    plans: dict[BatchShapes, CheckpointPlan] = field(default_factory=dict)
+    profiles: dict[BatchShapes, StepProfile] = field(default_factory=dict)
+    current: BatchShapes | None = None
+    """The batch shapes whose plan was applied last (kept after the fit, for ``AutoCheckpoint.plan``)."""
+    setting: dict[str, Any] | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain data for a checkpoint: the plans by shapes, the shapes in force, the setting (not the
+        profiles)."""
+        plans = [[_shapes_to_lists(shapes), plan.to_dict()] for shapes, plan in self.plans.items()]
+        current = None if self.current is None else _shapes_to_lists(self.current)
+        return {"plans": plans, "current_shapes": current, "setting": self.setting}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> PlanBook:
+        """Inverse of :meth:`to_state`.
+
+        Raises:
+            ValueError: for state that :meth:`to_state` cannot have written (a damaged checkpoint).
+        """
+        try:
+            plans = {
+                _shapes_from_lists(shapes): CheckpointPlan.from_dict(plan)
+                for shapes, plan in state.get("plans", [])
+            }
+            current = state.get("current_shapes")
+            current = None if current is None else _shapes_from_lists(current)
+            setting = state.get("setting")
+        except (TypeError, AttributeError, KeyError) as error:  # a wrong type somewhere in the nesting
+            raise ValueError(f"the saved plans are not what AutoCheckpoint writes ({error})") from None
+        if current is not None and current not in plans:
+            raise ValueError("the saved `current_shapes` have no saved plan")
+        if setting is not None and not isinstance(setting, dict):
+            raise ValueError(f"the saved `setting` must be a dict, got {type(setting).__name__}")
+        return cls(plans, current=current, setting=setting)
+
+    def non_candidates(self, candidates: list[str]) -> list[str]:
+        """Names in the plans that are not among ``candidates`` (a damaged or foreign plan)."""
+        named = {name for plan in self.plans.values() for name in (*plan.checkpointed, *plan.kept)}
+        return sorted(named - set(candidates))
+
+
+def book_for_fit(
+    trainer: pl.Trainer, book: PlanBook, setting: dict[str, Any], candidates: list[str]
+) -> PlanBook:
+    """The book a fit starts with: ``book`` (restored from a checkpoint, or the last fit's) when its
+    plans were made for this ``setting`` and name only ``candidates``; else an empty one, saying why.
+    Every rank decides the same."""
+    outside = book.non_candidates(candidates)
+    other_setting, foreign = any_rank(trainer, setting != book.setting, bool(outside))
+    if book.plans and other_setting:  # another model, precision, strategy, ...: plan anew
+        rank_zero_info(
+            "AutoCheckpoint: the saved plans were made for another model or setting; planning anew"
+        )
+    elif book.plans and foreign:
+        rank_zero_warn(
+            f"AutoCheckpoint: the saved plans name modules that are not candidates of this model"
+            f" ({', '.join(outside[:5])}); profiling anew"
+        )
+    if book.plans and (other_setting or foreign):
+        return PlanBook(setting=setting)
+    return dataclasses.replace(book, setting=setting)
+
+
+def _shapes_to_lists(shapes: BatchShapes) -> list[list[Any]]:
+    return [[list(shape), dtype] for shape, dtype in shapes]
+
+
+def _shapes_from_lists(data: list[list[Any]]) -> BatchShapes:
+    if not all(isinstance(n, int) and n >= 0 for shape, _ in data for n in shape):
+        raise TypeError(f"batch shapes must be lists of sizes, got {data!r:.80}")
+    return tuple((tuple(shape), str(dtype)) for shape, dtype in data)

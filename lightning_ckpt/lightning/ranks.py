@@ -1,0 +1,144 @@
+"""Planning across ranks: one rank plans and broadcasts, so every rank applies the identical plan, and
+the small collectives every rank takes its decisions with (any rank, the heaviest rank, the maximum).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.core.profile_types import StepProfile
+from lightning_ckpt.lightning.profile import BatchShapes
+from lightning_ckpt.planning import BudgetTooSmallError, make_plan
+from lightning_ckpt.planning.peak import PeakModel
+from lightning_ckpt.planning.plan import CheckpointPlan
+
+__all__ = ["any_rank", "decide_plan", "heaviest_rank", "log_metrics", "max_over_ranks"]
+
+
+def decide_plan(
+    trainer: pl.Trainer,
+    profile: StepProfile,
+    config: AutoCheckpointConfig,
+    shapes: BatchShapes,
+    budget_bytes: int | None = None,
+) -> CheckpointPlan:
+    """One plan for every rank, checked against every rank's own batch; every rank fails the same way.
+
+    Every rank passes the profile of its own batch: ranks can see batches of different shapes at the same
+    step (padding to each batch's longest sequence, batching by token count). The rank with the heaviest
+    step (the largest peak with nothing checkpointed) plans and broadcasts. Each rank then predicts the
+    plan on its own batch; while one is over the budget, the rank most over plans again, checkpointing at
+    least what is checkpointed already (at most one round per rank, then every candidate).
+
+    Raises:
+        BudgetTooSmallError: naming the batch ``shapes`` and the smallest budget that works for them
+            (the largest over the ranks).
+    """
+    budget = config.budget_bytes if budget_bytes is None else budget_bytes
+    peak = PeakModel(profile)
+    src = heaviest_rank(trainer, peak.peak_bytes([]))
+    plan = _broadcast_plan(trainer, peak, profile, config, shapes, budget, src, must=())
+    for _ in range(trainer.world_size):
+        excess = peak.peak_bytes(plan.checkpointed) - budget
+        (over,) = any_rank(trainer, excess > 0)
+        if not over:
+            return plan
+        src = heaviest_rank(trainer, excess)
+        plan = _broadcast_plan(trainer, peak, profile, config, shapes, budget, src, must=plan.checkpointed)
+    every = tuple(m.name for m in profile.modules)
+    plan = _with_checkpointed(peak, profile, plan, every)
+    (over,) = any_rank(trainer, peak.peak_bytes(plan.checkpointed) > budget)
+    if not over:
+        return plan
+    minimum = max_over_ranks(trainer, peak.peak_bytes(every))
+    raise BudgetTooSmallError(budget, minimum, len(profile.modules), shapes=[shape for shape, _ in shapes])
+
+
+def _broadcast_plan(
+    trainer: pl.Trainer,
+    peak: PeakModel,
+    profile: StepProfile,
+    config: AutoCheckpointConfig,
+    shapes: BatchShapes,
+    budget_bytes: int,
+    src: int,
+    must: tuple[str, ...],
+) -> CheckpointPlan:
+    """Plan on rank ``src`` (checkpointing at least ``must``) and broadcast the plan."""
+    payload, failure = ({}, None)
+    if trainer.global_rank == src:
+        payload, failure = _plan_locally(peak, profile, budget_bytes, config, must)
+    payload = trainer.strategy.broadcast(payload, src=src)
+    if "too_small" in payload:
+        raise BudgetTooSmallError(*payload["too_small"], shapes=[shape for shape, _ in shapes])
+    if "failure" in payload:
+        raise failure or RuntimeError(f"AutoCheckpoint: planning failed on rank {src}: {payload['failure']}")
+    return CheckpointPlan.from_dict(payload["plan"])
+
+
+def heaviest_rank(trainer: pl.Trainer, peak_bytes: int) -> int:
+    """The rank whose ``peak_bytes`` is the largest (the lowest such rank); 0 on one process."""
+    if trainer.world_size == 1:
+        return 0
+    tensor = torch.tensor([int(peak_bytes)], dtype=torch.int64, device=trainer.strategy.root_device)
+    peaks = trainer.strategy.all_gather(tensor).flatten().tolist()
+    return max(range(len(peaks)), key=lambda rank: (peaks[rank], -rank))
+
+
+def any_rank(trainer: pl.Trainer, *flags: bool) -> tuple[bool, ...]:
+    """Each flag, true if it is true on any rank (one small all-reduce when there are several processes)."""
+    if trainer.world_size == 1:
+        return tuple(bool(flag) for flag in flags)
+    tensor = torch.tensor([int(bool(flag)) for flag in flags], device=trainer.strategy.root_device)
+    return tuple(bool(value) for value in trainer.strategy.reduce(tensor, reduce_op="max").tolist())
+
+
+def _plan_locally(
+    peak: PeakModel,
+    profile: StepProfile,
+    budget_bytes: int,
+    config: AutoCheckpointConfig,
+    must: tuple[str, ...] = (),
+) -> tuple[dict, Exception | None]:
+    """The plan as plain data for the broadcast, or what made planning fail."""
+    try:
+        plan = _with_checkpointed(peak, profile, make_plan(profile, budget_bytes, config, peak=peak), must)
+    except BudgetTooSmallError as error:
+        return {"too_small": (error.budget_bytes, error.minimum_bytes, error.num_candidates)}, error
+    except Exception as error:
+        return {"failure": repr(error)}, error
+    return {"plan": plan.to_dict()}, None
+
+
+def _with_checkpointed(
+    peak: PeakModel, profile: StepProfile, plan: CheckpointPlan, must: tuple[str, ...]
+) -> CheckpointPlan:
+    """``plan`` with the candidates ``must`` checkpointed too (another rank needed them)."""
+    if set(must) <= set(plan.checkpointed):
+        return plan
+    chosen = set(plan.checkpointed) | set(must)
+    names = [m.name for m in profile.modules]
+    return dataclasses.replace(
+        plan,
+        checkpointed=tuple(n for n in names if n in chosen),
+        kept=tuple(n for n in names if n not in chosen),
+        predicted_peak_bytes=peak.peak_bytes(chosen),
+        recompute_seconds=sum(m.recompute_seconds for m in profile.modules if m.name in chosen),
+    )
+
+
+def max_over_ranks(trainer: pl.Trainer, value: int) -> int:
+    """The largest value over all ranks: every rank must take the same re-plan decision."""
+    tensor = torch.tensor(int(value), dtype=torch.int64, device=trainer.strategy.root_device)
+    return int(trainer.strategy.reduce(tensor, reduce_op="max").item())
+
+
+def log_metrics(trainer: pl.Trainer, plan: CheckpointPlan) -> None:
+    """The plan's figures to every logger of the trainer (rank 0)."""
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics(plan.metrics(), step=trainer.global_step)
