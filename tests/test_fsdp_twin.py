@@ -22,8 +22,8 @@ from test_budget_promise import GB, LONG, bounds, capped_fit, exact_budget, load
 from examples.gpt import Block
 from lightning_ckpt import AutoCheckpoint
 from lightning_ckpt.lightning import profile as profile_module
+from lightning_ckpt.lightning.fake_run import profile_training_step
 from lightning_ckpt.lightning.fsdp_twin import fsdp_twin_profile
-from lightning_ckpt.offline.fake_step import profile_training_step
 from lightning_ckpt.planning.peak import fixed_peak_bytes
 
 CANDIDATES = [f"transformer.h.{i}" for i in range(4)]

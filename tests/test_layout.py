@@ -110,6 +110,13 @@ def test_lower_layers_do_not_import_upper_ones():
             assert not [m for m in imported if m.startswith(upper)], name
 
 
+def test_one_direction_between_lightning_and_offline():
+    """The offline planner builds on the Lightning layer (the fake run, the run spec), never the reverse."""
+    for name, imported in _graph().items():
+        if name.startswith("lightning_ckpt.lightning"):
+            assert not [m for m in imported if m.startswith("lightning_ckpt.offline")], name
+
+
 def _third_party_roots(path: Path) -> set[str]:
     """Top-level names of everything the file imports (inside functions too)."""
     roots: set[str] = set()

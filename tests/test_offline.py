@@ -16,10 +16,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from examples.gpt import GPT
 from lightning_ckpt.callback import AutoCheckpoint
 from lightning_ckpt.core.memory.static import FsdpUnits, ModelSizes, fsdp_static, fsdp_units, wrap_classes_of
+from lightning_ckpt.lightning.fake_run import profile_training_step
+from lightning_ckpt.lightning.run_spec import ClassSpec
 from lightning_ckpt.offline.cli import main
-from lightning_ckpt.offline.fake_step import first_batch, profile_training_step
+from lightning_ckpt.offline.data import first_batch
 from lightning_ckpt.offline.plan import plan_offline
-from lightning_ckpt.offline.run_config import ClassSpec, load_run_config
+from lightning_ckpt.offline.run_config import load_run_config
 from lightning_ckpt.planning import BudgetTooSmallError
 
 ROOT = Path(__file__).resolve().parents[1]

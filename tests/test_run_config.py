@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ckpt.offline.run_config import ClassSpec, RunConfig, load_run_config
+from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig
+from lightning_ckpt.offline.run_config import load_run_config
 
 MODEL = (
     "model:\n  class_path: examples.gpt.GPT\n  init_args: {n_layer: 2}\n"

@@ -35,7 +35,8 @@ from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
-from lightning_ckpt.offline.run_config import RunConfig, load_run_config
+from lightning_ckpt.lightning.run_spec import RunConfig
+from lightning_ckpt.offline.run_config import load_run_config
 from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.units import BYTES_PER_GB
 

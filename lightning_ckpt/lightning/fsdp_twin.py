@@ -24,8 +24,8 @@ import torch
 
 from lightning_ckpt._compat import tree_map_only
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.offline.fake_step import profile_run_on_fake_tensors
-from lightning_ckpt.offline.run_config import ClassSpec, RunConfig
+from lightning_ckpt.lightning.fake_run import profile_run_on_fake_tensors
+from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig
 
 __all__ = ["fsdp_run_config", "fsdp_twin_profile"]
 

@@ -29,7 +29,7 @@ import torch
 from lightning_ckpt._compat import collect_rng_states, set_rng_states, tree_leaves
 from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
 from lightning_ckpt.core.hf_models import unpacked_positions_on_fake_tensors
-from lightning_ckpt.core.memory.static import ModelSizes, ddp_static
+from lightning_ckpt.core.memory.static import ModelSizes, strategy_static
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.core.profiler import profile_step, time_forwards
 from lightning_ckpt.core.wrapping import checkpointing_removed
@@ -161,7 +161,7 @@ def _with_strategy_memory(profile: StepProfile, trainer: pl.Trainer) -> StepProf
         return profile
     single = profile.static
     sizes = ModelSizes(single.param_bytes, single.grad_bytes, single.optimizer_bytes, single.buffer_bytes)
-    static = ddp_static(sizes, gradient_as_bucket_view=bool(model.gradient_as_bucket_view))
+    static = strategy_static("ddp", sizes, gradient_as_bucket_view=bool(model.gradient_as_bucket_view))
     return dataclasses.replace(profile, static=static)
 
 

@@ -1,9 +1,9 @@
 """``lightning-ckpt plan``: plan a run from its LightningCLI YAML on fake tensors, without the hardware.
 
 The training step is profiled on fake tensors exactly as :class:`~lightning_ckpt.AutoCheckpoint` profiles
-it (:mod:`lightning_ckpt.offline.fake_step`), with the recompute cost counted in FLOPs, and planned with the same
+it (:mod:`lightning_ckpt.lightning.fake_run`), with the recompute cost counted in FLOPs, and planned with the same
 ``make_plan``. The static memory (parameters, gradients, optimizer state, strategy buffers) is the
-per-device figure of the configured strategy (:mod:`lightning_ckpt.offline.static`).
+per-device figure of the configured strategy (:mod:`lightning_ckpt.lightning.fake_static`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from typing import Any
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.offline.fake_step import (
-    first_batch,
-    profile_run_on_fake_tensors,
-)
-from lightning_ckpt.offline.run_config import RunConfig, load_run_config
+from lightning_ckpt.lightning.fake_run import profile_run_on_fake_tensors
+from lightning_ckpt.lightning.run_spec import RunConfig
+from lightning_ckpt.offline.data import first_batch
+from lightning_ckpt.offline.run_config import load_run_config
 from lightning_ckpt.planning import make_plan
 from lightning_ckpt.planning.plan import CheckpointPlan
 from lightning_ckpt.units import BYTES_PER_GB

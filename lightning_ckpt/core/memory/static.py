@@ -31,6 +31,7 @@ __all__ = [
     "fsdp_static",
     "fsdp_units",
     "single_device_static",
+    "strategy_static",
 ]
 
 NOT_MODELLED: tuple[str, ...] = (
@@ -92,6 +93,30 @@ class StaticMemory:
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON, with ``total_bytes`` added."""
         return dataclasses.asdict(self) | {"total_bytes": self.total_bytes}
+
+
+def strategy_static(strategy: str, sizes: ModelSizes, **settings: Any) -> StaticMemory:
+    """The per-device static memory of ``sizes`` under ``strategy``: the one place strategies differ.
+
+    Args:
+        strategy: ``"single"``, ``"ddp"`` or ``"fsdp"``.
+        sizes: the single-replica sizes (FSDP: in the dtype the shards are kept in).
+        settings: the strategy's own (:func:`ddp_static`'s ``gradient_as_bucket_view``;
+            :func:`fsdp_static`'s ``units``, ``shard_size``, ``gather_bytes_per_param``, ``sharding``).
+
+    Raises:
+        ValueError: for another strategy.
+
+    Example:
+        >>> strategy_static("ddp", ModelSizes(400, 400, 800)).total_bytes
+        2000
+    """
+    builders = {"single": single_device_static, "ddp": ddp_static, "fsdp": fsdp_static}
+    if strategy not in builders:
+        raise ValueError(
+            f"`strategy` must be one of {sorted(builders)} to model its memory, got {strategy!r}"
+        )
+    return builders[strategy](sizes, **settings)
 
 
 def single_device_static(sizes: ModelSizes) -> StaticMemory:

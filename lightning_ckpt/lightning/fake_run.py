@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,46 +23,24 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
-from torch.utils.data import IterableDataset
 
 from lightning_ckpt._compat import FakeTensorMode, tree_leaves, tree_map_only
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.lightning.fake_static import FakeModel, param_dtypes, static_memory_of
+from lightning_ckpt.lightning.run_spec import RunConfig
 from lightning_ckpt.lightning.step import PrecisionOnlyTrainer, training_loss_fn
-from lightning_ckpt.offline.run_config import ClassSpec, RunConfig
-from lightning_ckpt.offline.static import _FakeModel, _param_dtypes, _static_memory
 
 __all__ = [
     "RunProfile",
-    "first_batch",
     "precision_plugin",
     "profile_run_on_fake_tensors",
     "profile_training_step",
 ]
 
 log = logging.getLogger(__name__)
-
-
-def first_batch(data: ClassSpec) -> Any:
-    """One training batch of the data module: ``setup("fit")``, then the first batch, without workers.
-
-    Example:
-        >>> arguments = {"block_size": 8, "batch_size": 2, "max_chars": 1000}
-        >>> spec = ClassSpec("examples.data.CharDataModule", arguments)
-        >>> [tuple(t.shape) for t in first_batch(spec)]
-        [(2, 8), (2, 8)]
-    """
-    datamodule = data.instantiate()
-    datamodule.setup("fit")
-    with warnings.catch_warnings():  # a config's num_workers may exceed this machine's cores: none start
-        warnings.filterwarnings("ignore", message="This DataLoader will create")
-        loader = datamodule.train_dataloader()
-        sampler = getattr(loader, "batch_sampler", None)
-        if sampler is None or isinstance(loader.dataset, IterableDataset):
-            return next(iter(loader))
-        return loader.collate_fn([loader.dataset[i] for i in next(iter(sampler))])
 
 
 def precision_plugin(precision: str) -> Precision:
@@ -128,7 +105,7 @@ def profile_run_on_fake_tensors(run: RunConfig, targets: Sequence[str] | None, b
     """The run's model built fake (its ``configure_model`` too) in the strategy's dtypes, its step on
     ``batch`` made fake, and the strategy's per-device static memory (``lightning-ckpt plan``, and the
     callback's FSDP twin)."""
-    master_dtype, compute_dtype = _param_dtypes(run)
+    master_dtype, compute_dtype = param_dtypes(run)
     mode = FakeTensorMode()
     with mode:
         with _default_dtype(compute_dtype):
@@ -137,7 +114,7 @@ def profile_run_on_fake_tensors(run: RunConfig, targets: Sequence[str] | None, b
         fake_batch = tree_map_only(torch.Tensor, mode.from_tensor, batch)
         optimizer = _configured_optimizer(model)
         profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer)
-    static = _static_memory(run, _FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
+    static = static_memory_of(run, FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
     return RunProfile(
         profile=dataclasses.replace(profile, static=static),
         num_parameters=sum(p.numel() for p in model.parameters()),

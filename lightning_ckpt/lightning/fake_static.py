@@ -15,19 +15,17 @@ from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import (
     ModelSizes,
     StaticMemory,
-    ddp_static,
-    fsdp_static,
     fsdp_units,
-    single_device_static,
+    strategy_static,
     wrap_classes_of,
 )
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.offline.run_config import ClassSpec, RunConfig
+from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig
 
 _HALF = {"bf16": torch.bfloat16, "16": torch.float16}
 
 
-def _param_dtypes(run: RunConfig) -> tuple[torch.dtype, torch.dtype]:
+def param_dtypes(run: RunConfig) -> tuple[torch.dtype, torch.dtype]:
     """(dtype the optimizer's parameters are kept in, dtype the forward sees the parameters in).
 
     They differ only under FSDP mixed precision, which gathers parameters in the compute dtype.
@@ -51,7 +49,7 @@ def _fsdp_param_dtype(run: RunConfig, default: torch.dtype) -> torch.dtype:
 
 
 @dataclass(frozen=True)
-class _FakeModel:
+class FakeModel:
     """The fake model with its profile and what static memory needs to know about its dtypes."""
 
     model: torch.nn.Module
@@ -63,17 +61,17 @@ class _FakeModel:
     """Dtype the forward sees parameters in (FSDP's gather dtype)."""
 
 
-def _static_memory(run: RunConfig, built: _FakeModel) -> StaticMemory:
+def static_memory_of(run: RunConfig, built: FakeModel) -> StaticMemory:
+    """The run's strategy's per-device static memory for the fake model."""
     _check_strategy(run)
     if run.strategy_name == "fsdp":
         return _fsdp_memory(run, built)
-    profile = built.profile
-    single = profile.static
+    single = built.profile.static
     sizes = ModelSizes(single.param_bytes, single.grad_bytes, single.optimizer_bytes, single.buffer_bytes)
     if run.strategy_name == "ddp":
         bucket_view = bool(run.strategy_args.get("gradient_as_bucket_view"))
-        return ddp_static(sizes, gradient_as_bucket_view=bucket_view)
-    return single_device_static(sizes)
+        return strategy_static("ddp", sizes, gradient_as_bucket_view=bucket_view)
+    return strategy_static("single", sizes)
 
 
 def _check_strategy(run: RunConfig) -> None:
@@ -86,7 +84,7 @@ def _check_strategy(run: RunConfig) -> None:
         )
 
 
-def _fsdp_memory(run: RunConfig, built: _FakeModel) -> StaticMemory:
+def _fsdp_memory(run: RunConfig, built: FakeModel) -> StaticMemory:
     """Sizes in the sharded (master) dtype, built from the fake model's shapes on the meta device."""
     args = run.strategy_args
     params = list(built.model.parameters())
@@ -108,9 +106,10 @@ def _fsdp_memory(run: RunConfig, built: _FakeModel) -> StaticMemory:
         "HYBRID_SHARD": run.devices_per_node,
         "_HYBRID_SHARD_ZERO2": run.devices_per_node,
     }
-    return fsdp_static(
+    return strategy_static(
+        "fsdp",
         sizes,
-        fsdp_units(built.model, wrap_classes_of(args.get("auto_wrap_policy"))),
+        units=fsdp_units(built.model, wrap_classes_of(args.get("auto_wrap_policy"))),
         shard_size=shard_size.get(sharding, run.world_size),
         gather_bytes_per_param=torch.empty((), dtype=built.compute_dtype, device="meta").element_size(),
         sharding=sharding,
