@@ -1,4 +1,10 @@
-"""Shared pieces of the AutoCheckpoint tests: a tiny GPT, random token data, fast Trainer flags."""
+"""The tests' one GPT (the example's ``examples.gpt.GPT``, tiny), random token data, fast Trainer flags.
+
+The Trainer tests fit it; the plain-loop tests (profiler, memory, wrapping, candidates, peak points) call it
+through ``token_batch`` and ``gpt_loss``. With dropout on (``TINY_GPT``), its attention on CPU and on fake
+tensors is SDPA's math path: the (B, nh, T, T) attention matrix is materialised and saved, as written-out
+attention would be.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +22,33 @@ def tiny_gpt(seed: int = 0, **overrides) -> GPT:
     return GPT(**(TINY_GPT | overrides))
 
 
+def next_token_pairs(
+    rows: int, seq_len: int, vocab_size: int = 256, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids and their next-token targets, both (rows, seq_len)."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (rows, seq_len + 1), generator=generator)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def token_batch(
+    model: GPT, batch_size: int = 8, seq_len: int | None = None, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One random batch for ``model`` (its ``config``'s vocabulary), both (batch_size, seq_len);
+    ``seq_len`` is the model's ``block_size`` unless given."""
+    config = model.config
+    return next_token_pairs(batch_size, seq_len or config.block_size, config.vocab_size, seed)
+
+
+def gpt_loss(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The plain-loop step's loss: ``GPT.forward`` returns ``(logits, loss)``, this the mean cross-entropy."""
+    return model(idx, targets)[1]
+
+
 def token_loader(
     num_batches: int = 8, batch_size: int = 4, block_size: int = 32, seed: int = 0
 ) -> DataLoader:
-    generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 256, (num_batches * batch_size, block_size + 1), generator=generator)
-    dataset = TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    dataset = TensorDataset(*next_token_pairs(num_batches * batch_size, block_size, seed=seed))
     return DataLoader(dataset, batch_size=batch_size, shuffle=False)
 
 
