@@ -7,16 +7,17 @@ import logging
 import pytest
 import torch
 import torch.nn as nn
+from callback_helpers import tiny_gpt
 
+from examples.gpt import GPT
 from lightning_ckpt.core.candidates import find_candidates
-from tests.tiny_gpt import GPT, GPTConfig
 
 BLOCKS = [f"transformer.h.{i}" for i in range(3)]
 
 
 @pytest.fixture
 def model() -> GPT:
-    return GPT(GPTConfig(n_layer=3, block_size=16))
+    return tiny_gpt(n_layer=3, block_size=16)
 
 
 def test_default_is_the_largest_list_of_repeated_modules(model):
