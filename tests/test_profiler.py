@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from callback_helpers import gpt_loss, tiny_gpt, token_batch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn.modules import module as module_globals
 from torch.utils.flop_counter import FlopCounterMode
 
+from examples.gpt import GPT
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.core.profiler import profile_step
 from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, checkpointing_removed
-from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
 BLOCKS = ["transformer.h.0", "transformer.h.1"]
 F32 = 4
@@ -89,9 +90,8 @@ def test_a_tensor_saved_while_nested_candidates_run_belongs_to_the_innermost():
 
 
 def _gpt(n_layer: int = 2) -> tuple[GPT, torch.Tensor, torch.Tensor]:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=n_layer, block_size=32))
-    return model, *make_batch(model.config, batch_size=2)
+    model = tiny_gpt(n_layer=n_layer)
+    return model, *token_batch(model, batch_size=2)
 
 
 def _assert_no_hooks_left(model: nn.Module) -> None:
@@ -107,7 +107,7 @@ def test_hooks_gone_and_grads_restored_after_profiling(cost):
     model, idx, targets = _gpt()
     model.lm_head.weight.grad = torch.ones_like(model.lm_head.weight)
     grad = model.lm_head.weight.grad
-    profile = profile_step(model, lambda: model(idx, targets), BLOCKS, cost)
+    profile = profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, cost)
     _assert_no_hooks_left(model)
     assert model.lm_head.weight.grad is grad and torch.equal(grad, torch.ones_like(grad))
     assert model.transformer.h[0].ln_1.weight.grad is None
@@ -117,24 +117,24 @@ def test_hooks_gone_and_grads_restored_after_profiling(cost):
 
 def test_hooks_gone_after_an_exception_and_a_second_profile_runs_cleanly():
     model, idx, targets = _gpt()
-    expected = profile_step(model, lambda: model(idx, targets), BLOCKS, "flops")
+    expected = profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, "flops")
 
     def failing_forward(*args):
         raise RuntimeError("boom in block 1")
 
     model.transformer.h[1].mlp.forward = failing_forward
     with pytest.raises(RuntimeError, match="boom"):
-        profile_step(model, lambda: model(idx, targets), BLOCKS, "time")
+        profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, "time")
     _assert_no_hooks_left(model)
     assert all(p.grad is None for p in model.parameters())
     del model.transformer.h[1].mlp.forward
-    assert profile_step(model, lambda: model(idx, targets), BLOCKS, "flops") == expected
+    assert profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, "flops") == expected
 
 
 def test_flops_are_the_forward_flops_of_each_module():
     model, idx, targets = _gpt()
-    profile = profile_step(model, lambda: model(idx, targets), [*BLOCKS, "lm_head"], "flops")
-    x = torch.randn(2, 32, model.config.n_embd)
+    profile = profile_step(model, lambda: gpt_loss(model, idx, targets), [*BLOCKS, "lm_head"], "flops")
+    x = torch.randn(*idx.shape, model.config.n_embd)
     for name in [*BLOCKS, "lm_head"]:
         with FlopCounterMode(display=False) as counter:
             model.get_submodule(name)(x)
@@ -143,24 +143,23 @@ def test_flops_are_the_forward_flops_of_each_module():
 
 def test_checkpointed_modules_are_refused_and_profiled_inside_checkpointing_removed():
     model, idx, targets = _gpt()
-    expected = profile_step(model, lambda: model(idx, targets), BLOCKS, "flops")
+    expected = profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, "flops")
     apply_checkpointing(model, BLOCKS[:1])
     with pytest.raises(ValueError, match="must have no checkpointed modules.*checkpointing_removed"):
-        profile_step(model, lambda: model(idx, targets), BLOCKS, "flops")
+        profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, "flops")
     with checkpointing_removed(model):
-        assert profile_step(model, lambda: model(idx, targets), BLOCKS, "flops") == expected
+        assert profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, "flops") == expected
     assert checkpointed_names(model) == BLOCKS[:1]
 
 
 def test_fake_tensors_give_the_same_bytes_as_a_real_cpu_run():
     model, idx, targets = _gpt()
-    real = profile_step(model, lambda: model(idx, targets), BLOCKS, "flops")
+    real = profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, "flops")
     mode = FakeTensorMode()
     with mode:
-        torch.manual_seed(0)
-        fake_model = GPT(model.config)
+        fake_model = tiny_gpt(**model.hparams)  # the same seed and sizes, on fake tensors
         fake_idx, fake_targets = mode.from_tensor(idx), mode.from_tensor(targets)
-        fake = profile_step(fake_model, lambda: fake_model(fake_idx, fake_targets), BLOCKS, "flops")
+        fake = profile_step(fake_model, lambda: gpt_loss(fake_model, fake_idx, fake_targets), BLOCKS, "flops")
     assert fake.modules == real.modules
     assert fake.other_activation_bytes == real.other_activation_bytes
     assert fake.backward_extra_bytes == real.backward_extra_bytes
@@ -169,11 +168,11 @@ def test_fake_tensors_give_the_same_bytes_as_a_real_cpu_run():
 
 def test_bf16_autocast_saves_less_than_fp32():
     model, idx, targets = _gpt()
-    fp32 = profile_step(model, lambda: model(idx, targets), BLOCKS, "flops")
+    fp32 = profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, "flops")
 
     def bf16_step():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return model(idx, targets)
+            return gpt_loss(model, idx, targets)
 
     bf16 = profile_step(model, bf16_step, BLOCKS, "flops")
     for half, full in zip(bf16.modules, fp32.modules, strict=True):
@@ -184,15 +183,15 @@ def test_bf16_autocast_saves_less_than_fp32():
 def test_bad_arguments():
     model, idx, targets = _gpt()
     with pytest.raises(ValueError, match=r"`cost` must be one of \('time', 'flops'\), got 'fast'"):
-        profile_step(model, lambda: model(idx, targets), BLOCKS, "fast")
+        profile_step(model, lambda: gpt_loss(model, idx, targets), BLOCKS, "fast")
     with pytest.raises(ValueError, match=r"`candidates` must name submodules.*'transformer\.h\.7'"):
-        profile_step(model, lambda: model(idx, targets), ["transformer.h.7"])
+        profile_step(model, lambda: gpt_loss(model, idx, targets), ["transformer.h.7"])
     with pytest.raises(
         ValueError, match="`step_fn` must return the loss, a tensor that requires grad, got NoneType"
     ):
         profile_step(model, lambda: None, BLOCKS)
     with FakeTensorMode():
-        fake_model = GPT(model.config)
+        fake_model = tiny_gpt(**model.hparams)
     with pytest.raises(ValueError, match='`cost` must be "flops" when the model has fake tensors'):
         profile_step(fake_model, lambda: None, BLOCKS, "time")
 
@@ -205,9 +204,11 @@ def test_profiling_leaves_training_unchanged_when_the_caller_restores_rng():
         for step in range(3):
             if profile_first and step == 1:
                 rng = torch.get_rng_state()
-                profile_step(model, lambda: model(idx, targets), BLOCKS, "time", optimizer=optimizer)
+                profile_step(
+                    model, lambda: gpt_loss(model, idx, targets), BLOCKS, "time", optimizer=optimizer
+                )
                 torch.set_rng_state(rng)
-            model(idx, targets).backward()
+            gpt_loss(model, idx, targets).backward()
             optimizer.step()
             optimizer.zero_grad()
         return list(model.parameters())
