@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
+from callback_helpers import gpt_loss, tiny_gpt, token_batch
 
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.profiler import profile_step
@@ -18,15 +18,13 @@ from lightning_ckpt.solver import solve_knapsack
 from tests.hetero_models import MODELS, profiled
 from tests.peak_replay import check_points
 from tests.test_planner import hand_profile
-from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
 
 def tiny_gpt_profile(zero_grad: str = "after_forward"):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=32))
-    idx, labels = make_batch(model.config, 2)
+    model = tiny_gpt()
+    idx, labels = token_batch(model, 2)
     profile = profile_step(
-        model, lambda: model(idx, labels), find_candidates(model), "flops", optimizer="adamw"
+        model, lambda: gpt_loss(model, idx, labels), find_candidates(model), "flops", optimizer="adamw"
     )
     return dataclasses.replace(profile, zero_grad=zero_grad)
 
