@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from callback_helpers import gpt_loss, tiny_gpt, token_batch
 from torch.utils.checkpoint import set_checkpoint_early_stop
 from torch.utils.flop_counter import FlopCounterMode
 
+from examples.gpt import GPT
 from lightning_ckpt.core.profiler import profile_step
 from lightning_ckpt.core.wrapping import (
     apply_checkpointing,
@@ -21,14 +23,8 @@ from lightning_ckpt.core.wrapping import (
     remove_checkpointing,
     strip_wrapper_prefixes,
 )
-from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
 BLOCKS = [f"transformer.h.{i}" for i in range(4)]
-
-
-def _model(**config) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(block_size=32, **config))
 
 
 def _train(model: GPT, steps: int = 3, autocast: bool = False) -> list[list[torch.Tensor]]:
@@ -37,9 +33,9 @@ def _train(model: GPT, steps: int = 3, autocast: bool = False) -> list[list[torc
     torch.manual_seed(1234)
     grads = []
     for step in range(steps):
-        idx, targets = make_batch(model.config, batch_size=4, seed=step)
+        idx, targets = token_batch(model, batch_size=4, seed=step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            loss = model(idx, targets)
+            loss = gpt_loss(model, idx, targets)
         loss.backward()
         grads.append([p.grad.clone() for p in model.parameters()])
         optimizer.step()
@@ -49,7 +45,7 @@ def _train(model: GPT, steps: int = 3, autocast: bool = False) -> list[list[torc
 
 @pytest.mark.parametrize("names", [BLOCKS[1:3], BLOCKS, ["transformer.h.0.attn", "transformer.h.3.mlp"]])
 def test_gradients_and_parameters_exact_with_dropout(names):
-    reference, wrapped = _model(), _model()
+    reference, wrapped = tiny_gpt(), tiny_gpt()
     assert apply_checkpointing(wrapped, names) == names
     expected, actual = _train(reference), _train(wrapped)
     torch.testing.assert_close(actual, expected, rtol=0, atol=0)
@@ -57,7 +53,7 @@ def test_gradients_and_parameters_exact_with_dropout(names):
 
 
 def test_bf16_autocast_stays_close():
-    reference, wrapped = _model(), _model()
+    reference, wrapped = tiny_gpt(), tiny_gpt()
     apply_checkpointing(wrapped, BLOCKS)
     expected, actual = _train(reference, autocast=True), _train(wrapped, autocast=True)
     torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-3)
@@ -79,27 +75,27 @@ def _count_forwards(model: GPT) -> dict[str, int]:
 
 
 def test_wrapped_modules_run_forward_twice_and_others_once():
-    model = _model()
+    model = tiny_gpt()
     counts = _count_forwards(model)
     apply_checkpointing(model, BLOCKS[:2])
-    idx, targets = make_batch(model.config, batch_size=2)
-    model(idx, targets).backward()
+    idx, targets = token_batch(model, batch_size=2)
+    gpt_loss(model, idx, targets).backward()
     assert counts == {BLOCKS[0]: 2, BLOCKS[1]: 2, BLOCKS[2]: 1, BLOCKS[3]: 1}
     remove_checkpointing(model)
-    model(idx, targets).backward()
+    gpt_loss(model, idx, targets).backward()
     assert counts == {BLOCKS[0]: 3, BLOCKS[1]: 3, BLOCKS[2]: 2, BLOCKS[3]: 2}
 
 
 def test_flop_counter_shows_extra_forward_of_exactly_the_checkpointed_modules():
-    model = _model()
-    idx, targets = make_batch(model.config, batch_size=2)
+    model = tiny_gpt()
+    idx, targets = token_batch(model, batch_size=2)
     candidates = [*BLOCKS, "transformer.h.0.attn", "transformer.h.3.mlp"]
-    profile = profile_step(model, lambda: model(idx, targets), candidates, "flops")
+    profile = profile_step(model, lambda: gpt_loss(model, idx, targets), candidates, "flops")
     forward_flops = {module.name: module.flops for module in profile.modules}
 
     def step_flops() -> int:
         with FlopCounterMode(display=False) as counter:
-            model(idx, targets).backward()
+            gpt_loss(model, idx, targets).backward()
         return counter.get_total_flops()
 
     baseline = step_flops()
@@ -150,20 +146,20 @@ def test_kwargs_dict_and_tuple_outputs_and_inputs_without_grad():
 
 
 def test_wrapping_twice_is_a_no_op_with_a_warning():
-    model = _model()
+    model = tiny_gpt()
     counts = _count_forwards(model)
     apply_checkpointing(model, BLOCKS[:1])
     with pytest.warns(UserWarning, match="already checkpointed"):
         assert apply_checkpointing(model, BLOCKS[:1]) == []
-    idx, targets = make_batch(model.config, batch_size=2)
-    model(idx, targets).backward()
+    idx, targets = token_batch(model, batch_size=2)
+    gpt_loss(model, idx, targets).backward()
     assert counts[BLOCKS[0]] == 2
 
 
 def test_torch_checkpoint_wrapper_is_detected_and_not_wrapped_again():
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    model = _model()
+    model = tiny_gpt()
     model.transformer.h[0] = checkpoint_wrapper(model.transformer.h[0])
     assert "transformer.h.0._checkpoint_wrapped_module.ln_1" in dict(model.named_modules())
     with pytest.warns(UserWarning, match="already checkpointed"):
@@ -171,7 +167,7 @@ def test_torch_checkpoint_wrapper_is_detected_and_not_wrapped_again():
 
 
 def test_unknown_name_raises_and_wraps_nothing():
-    model = _model()
+    model = tiny_gpt()
     with pytest.raises(ValueError, match=r"`names` must name submodules.*'nope'.*transformer\.h"):
         apply_checkpointing(model, [BLOCKS[0], "nope"])
     assert checkpointed_names(model) == []
@@ -180,7 +176,7 @@ def test_unknown_name_raises_and_wraps_nothing():
 
 
 def test_state_dict_and_parameter_names_unchanged_and_round_trip():
-    plain, wrapped = _model(), _model()
+    plain, wrapped = tiny_gpt(), tiny_gpt()
     apply_checkpointing(wrapped, BLOCKS)
     assert list(wrapped.state_dict()) == list(plain.state_dict())
     assert [n for n, _ in wrapped.named_parameters()] == [n for n, _ in plain.named_parameters()]
@@ -189,13 +185,13 @@ def test_state_dict_and_parameter_names_unchanged_and_round_trip():
             p.add_(1.0)
     plain.load_state_dict(wrapped.state_dict())
     torch.testing.assert_close(plain.state_dict(), wrapped.state_dict())
-    wrapped.load_state_dict(_model().state_dict())
+    wrapped.load_state_dict(tiny_gpt().state_dict())
     assert checkpointed_names(wrapped) == BLOCKS
-    torch.testing.assert_close(wrapped.state_dict(), _model().state_dict())
+    torch.testing.assert_close(wrapped.state_dict(), tiny_gpt().state_dict())
 
 
 def test_remove_restores_forward_and_logs(caplog):
-    model = _model()
+    model = tiny_gpt()
     with caplog.at_level(logging.INFO, logger="lightning_ckpt.core.wrapping"):
         apply_checkpointing(model, BLOCKS[:2])
     assert "applied to 2 module(s): transformer.h.0, transformer.h.1" in caplog.text
@@ -213,13 +209,13 @@ def _no_hooks_left(model: nn.Module) -> bool:
 
 @pytest.mark.parametrize("copy_model", [copy.deepcopy, lambda model: pickle.loads(pickle.dumps(model))])
 def test_a_copy_of_a_wrapped_model_checkpoints_its_own_modules(copy_model):
-    model = _model()
+    model = tiny_gpt()
     apply_checkpointing(model, BLOCKS[:1])
     clone = copy_model(model)
     counts = _count_forwards(clone)
     assert checkpointed_names(clone) == BLOCKS[:1]
-    idx, targets = make_batch(clone.config, batch_size=2)
-    clone(idx, targets).backward()
+    idx, targets = token_batch(clone, batch_size=2)
+    gpt_loss(clone, idx, targets).backward()
     assert counts == {BLOCKS[0]: 2, BLOCKS[1]: 1, BLOCKS[2]: 1, BLOCKS[3]: 1}
     assert remove_checkpointing(clone) == BLOCKS[:1] and _no_hooks_left(clone)
     assert checkpointed_names(model) == BLOCKS[:1]
@@ -235,7 +231,7 @@ class _DDPLike(nn.Module):
 
 
 def test_names_resolve_through_wrapper_prefixes():
-    model = _model()
+    model = tiny_gpt()
     wrapped = _DDPLike(torch.compile(model))
     assert "module._orig_mod.transformer.h.1" in dict(wrapped.named_modules())
     assert (
@@ -293,7 +289,7 @@ def _patch_forward_on_top(module: nn.Module, calls: list[int]) -> None:
 
 
 def test_a_forward_patched_on_top_keeps_checkpointing_visible_applied_and_removable():
-    reference, model = _model(), _model()
+    reference, model = tiny_gpt(), tiny_gpt()
     apply_checkpointing(model, BLOCKS[1:3])
     calls: list[int] = []
     _patch_forward_on_top(model.transformer.h[1], calls)
@@ -301,14 +297,14 @@ def test_a_forward_patched_on_top_keeps_checkpointing_visible_applied_and_remova
     torch.testing.assert_close(_train(model, steps=2), _train(reference, steps=2), rtol=0, atol=0)
     assert len(calls) == 4, "twice a step: forward, then the recomputation in backward"
 
-    idx, targets = make_batch(model.config, batch_size=2)
+    idx, targets = token_batch(model, batch_size=2)
     with FlopCounterMode(display=False) as counter:
-        model.transformer.h[1](torch.randn(2, 32, model.config.n_embd))
+        model.transformer.h[1](torch.randn(*idx.shape, model.config.n_embd))
     block_flops = counter.get_total_flops()
 
     def step_flops() -> int:
         with FlopCounterMode(display=False) as counter:
-            model(idx, targets).backward()
+            gpt_loss(model, idx, targets).backward()
         return counter.get_total_flops()
 
     checkpointed = step_flops()
@@ -322,7 +318,7 @@ def test_a_forward_patched_on_top_keeps_checkpointing_visible_applied_and_remova
 def test_user_pre_hooks_run_inside_the_checkpoint_and_forward_hooks_once_outside():
     """A pre-hook runs in forward and again in the recomputation, on the original arguments; a forward hook
     runs once, outside the region, so the tensors it saves are not recomputed (even without early stop)."""
-    reference, model = _model(), _model()
+    reference, model = tiny_gpt(), tiny_gpt()
     runs = {id(reference): {"pre": 0, "post": 0}, id(model): {"pre": 0, "post": 0}}
 
     def add_hooks(gpt: GPT) -> None:
@@ -349,7 +345,7 @@ def test_user_pre_hooks_run_inside_the_checkpoint_and_forward_hooks_once_outside
 
 
 def test_a_full_backward_hook_runs_once_with_the_plain_gradients():
-    reference, model = _model(), _model()
+    reference, model = tiny_gpt(), tiny_gpt()
     seen: list[list[torch.Tensor]] = [[], []]
 
     def add_hook(gpt: GPT, grads: list[torch.Tensor]) -> None:
@@ -371,14 +367,14 @@ class _Twice(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.gpt = _model(n_layer=1)
+        self.gpt = tiny_gpt(n_layer=1)
         self.config = self.gpt.config
 
     def forward(self, idx, targets):
         gpt = self.gpt.transformer
         x = gpt.drop(gpt.wte(idx) + gpt.wpe(torch.arange(idx.shape[1])))
         logits = self.gpt.lm_head(gpt.ln_f(gpt.h[0](gpt.h[0](x))))
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # as GPT.forward
 
 
 def test_nested_and_reused_modules_give_the_plain_gradients():
@@ -393,7 +389,7 @@ def test_nested_and_reused_modules_give_the_plain_gradients():
 def test_torch_composable_checkpoint_is_detected_and_not_wrapped_again():
     from torch.distributed._composable import checkpoint
 
-    model = _model()
+    model = tiny_gpt()
     checkpoint(model.transformer.h[0])
     with pytest.warns(UserWarning, match="already checkpointed"):
         assert apply_checkpointing(model, BLOCKS[:2]) == BLOCKS[1:2]
@@ -412,10 +408,10 @@ def test_a_failure_midway_leaves_nothing_half_wrapped():
 
 
 def test_no_grad_runs_once_and_an_exception_in_forward_closes_the_region():
-    reference, model = _model(), _model()
+    reference, model = tiny_gpt(), tiny_gpt()
     counts = _count_forwards(model)
     apply_checkpointing(model, BLOCKS)
-    idx, targets = make_batch(model.config, batch_size=2)
+    idx, targets = token_batch(model, batch_size=2)
     with torch.no_grad():
         model(idx, targets)
     assert set(counts.values()) == {1}
@@ -432,7 +428,7 @@ def test_no_grad_runs_once_and_an_exception_in_forward_closes_the_region():
 
 
 def test_an_error_in_the_recomputation_surfaces_as_itself():
-    model = _model()
+    model = tiny_gpt()
     apply_checkpointing(model, BLOCKS[:1])
     layer_norm = model.transformer.h[0].ln_1
     layer_norm_forward, calls = layer_norm.forward, []
@@ -444,21 +440,21 @@ def test_an_error_in_the_recomputation_surfaces_as_itself():
         return layer_norm_forward(x)
 
     layer_norm.forward = fails_when_recomputed
-    idx, targets = make_batch(model.config, batch_size=2)
-    loss = model(idx, targets)
+    idx, targets = token_batch(model, batch_size=2)
+    loss = gpt_loss(model, idx, targets)
     with pytest.raises(ValueError, match="fails in the recomputation"):
         loss.backward()
 
 
 def test_remove_closes_the_regions_an_interrupt_left_open():
-    reference, model = _model(), _model()
+    reference, model = tiny_gpt(), tiny_gpt()
     apply_checkpointing(model, BLOCKS)
 
     def interrupted(*args):
         raise KeyboardInterrupt
 
     model.transformer.h[2].mlp.forward = interrupted
-    idx, targets = make_batch(model.config, batch_size=2)
+    idx, targets = token_batch(model, batch_size=2)
     with pytest.raises(KeyboardInterrupt):
         model(idx, targets)
     del model.transformer.h[2].mlp.forward
