@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 import torch.nn as nn
+from callback_helpers import gpt_loss, tiny_gpt, token_batch
 
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import measure_peak_bytes, track_peak_bytes
@@ -16,21 +17,20 @@ from lightning_ckpt.core.profiler import profile_step
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
 from lightning_ckpt.planning.additive import keep_cost_bytes
 from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
-from tests.tiny_gpt import GPT, GPTConfig, make_batch
 
 
 def _setup(
     batch_size: int = 8, seq_len: int = 128, targets=None, autocast: bool = False, device: str = "cpu"
 ):
-    """tiny_gpt where activations dominate (B=8, T=128), profiled before its first AdamW step."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=seq_len)).to(device)
+    """The tests' GPT where activations dominate (B=8, T=128: with dropout on, the CPU attention saves its
+    (B, nh, T, T) matrices), profiled before its first AdamW step."""
+    model = tiny_gpt(block_size=seq_len).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    idx, labels = (t.to(device) for t in make_batch(model.config, batch_size))
+    idx, labels = (t.to(device) for t in token_batch(model, batch_size))
 
     def step():
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
-            return model(idx, labels)
+            return gpt_loss(model, idx, labels)
 
     candidates = find_candidates(model, targets)
     profile = profile_step(model, step, candidates, "flops", optimizer=optimizer)
