@@ -23,6 +23,8 @@ import os
 import sys
 from pathlib import Path
 
+from lightning_ckpt import __version__
+
 _SUBCOMMANDS = {
     "bench": ("benchmarks.bench", "Benchmark the knapsack solvers against PyTorch's."),
     "sweep": ("benchmarks.sweep.cli", "Budget sweep of the GPT example against hand-picked policies."),
@@ -34,8 +36,13 @@ _SUBCOMMANDS = {
 
 
 def _usage() -> str:
-    lines = ["usage: lightning-ckpt {" + ",".join(_SUBCOMMANDS) + "} [options]", ""]
-    lines += [f"  {name:<6} {text}" for name, (_, text) in _SUBCOMMANDS.items()]
+    lines = ["usage: lightning-ckpt {" + ",".join(_SUBCOMMANDS) + "} [options] | --version", ""]
+    lines += [f"  {name:<10} {text}" for name, (_, text) in _SUBCOMMANDS.items()]
+    lines += [
+        f"  {'--version':<10} Print the version and exit.",
+        "",
+        "`lightning-ckpt <command> --help` lists a command's options.",
+    ]
     return "\n".join(lines)
 
 
@@ -44,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(_usage() + "\n")
+        return 0
+    if argv[0] in ("-V", "--version"):
+        sys.stdout.write(f"lightning-ckpt {__version__}\n")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in _SUBCOMMANDS:
