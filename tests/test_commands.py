@@ -61,9 +61,20 @@ def _configs(folder: Path) -> dict[str, str]:
         ),
         (["bench", "--n", "10", "--plot", "{folder}"], r"cannot write --plot '.*': it is a folder"),
         (["plan", "--config", "{bad_model}", "--budget-gb", "1"], r"`n_embd` must be a multiple of `n_head`"),
-        (["sweep", "--config", "{empty}"], r"must be a YAML mapping .* got an empty file"),
         (
-            ["sweep", "--config", CPU_CONFIG, "--plot", "{missing_dir}/sweep.png"],
+            ["sweep", "--config", "{empty}", "--out-dir", "{folder}"],
+            r"must be a YAML mapping .* got an empty file",
+        ),
+        (
+            [
+                "sweep",
+                "--config",
+                CPU_CONFIG,
+                "--out-dir",
+                "{folder}/out",
+                "--plot",
+                "{missing_dir}/sweep.png",
+            ],
             r"cannot write --plot .*: its folder does not exist",
         ),
     ],

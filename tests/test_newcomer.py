@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lightning_ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,3 +31,27 @@ def test_version_prints_the_package_version():
         f"lightning-ckpt {lightning_ckpt.__version__}\n",
         "",
     )
+
+
+HEAVY = {"torch", "lightning", "numba"}
+
+
+@pytest.mark.parametrize("command", [[], ["plan"], ["bench"], ["sweep"]])
+def test_help_imports_neither_torch_nor_lightning(command):
+    """`--help` answers at once: the parsers are built without the modules that take seconds to import."""
+    done = _run(["-X", "importtime", "-m", "lightning_ckpt.cli", *command, "--help"])
+    assert done.returncode == 0 and "usage: lightning-ckpt" in done.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "lightning_ckpt" in imported and not imported & HEAVY, sorted(imported & HEAVY)
+
+
+def test_sweep_files_go_under_runs_sweep_by_default(tmp_path, monkeypatch):
+    from benchmarks.sweep.cli import _prepare_outputs
+    from benchmarks.sweep.options import parse
+
+    monkeypatch.chdir(tmp_path)
+    args, _ = parse(["--config", "configs/gpt-cpu.yaml", "--plot"])
+    assert _prepare_outputs(args) == [Path("runs/sweep/gpt-cpu.json"), Path("runs/sweep/gpt-cpu.png")]
+    assert [path.name for path in tmp_path.iterdir()] == ["runs"] and (tmp_path / "runs/sweep").is_dir()
+    args, _ = parse(["--config", "c.yaml", "--out-dir", "mine", "--json", "x.json", "--plot", "/tmp/p.png"])
+    assert _prepare_outputs(args) == [Path("mine/x.json"), Path("/tmp/p.png")]
