@@ -15,12 +15,17 @@ import lightning_ckpt
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(args: list[str], cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
-    """``python args`` in a fresh process, importing this checkout's package (not an installed one)."""
+def _run(args: list[str], *, pythonpath: bool = True) -> subprocess.CompletedProcess:
+    """``python args`` from the checkout's root in a fresh process, importing this checkout's package.
+
+    ``pythonpath=False`` leaves ``PYTHONPATH`` unset: ``python -c`` then finds the package (and only it
+    and ``examples``) through ``''``, the working directory, as a newcomer's shell does.
+    """
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    environment |= {"PYTHONPATH": str(ROOT)} | env
+    if pythonpath:
+        environment["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=environment, capture_output=True, text=True, timeout=300
+        [sys.executable, *args], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300
     )
 
 
@@ -55,3 +60,17 @@ def test_sweep_files_go_under_runs_sweep_by_default(tmp_path, monkeypatch):
     assert [path.name for path in tmp_path.iterdir()] == ["runs"] and (tmp_path / "runs/sweep").is_dir()
     args, _ = parse(["--config", "c.yaml", "--out-dir", "mine", "--json", "x.json", "--plot", "/tmp/p.png"])
     assert _prepare_outputs(args) == [Path("mine/x.json"), Path("/tmp/p.png")]
+
+
+def test_the_readme_python_example_runs_from_the_repository_root():
+    """jsonargparse reads the config from `configs/`, where `''` on sys.path does not find `examples/`."""
+    code = (
+        "import lightning_ckpt; print(lightning_ckpt.__file__); "
+        'from lightning_ckpt import plan_offline; print(plan_offline("configs/gpt2-xl-fsdp.yaml", budget_gb=80))'
+    )
+    done = _run(["-c", code], pythonpath=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(
+        str(ROOT / "lightning_ckpt")
+    )  # this checkout's package, not an installed one
+    assert "model      examples.gpt.GPT: 1,556,840,000 parameters" in done.stdout and "(fits)" in done.stdout

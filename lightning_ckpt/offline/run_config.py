@@ -2,14 +2,19 @@
 
 The offline planner and the sweep read the same config as ``python -m examples.train fit --config ...``:
 it is parsed and validated by LightningCLI's own parser, so defaults, ``class_path`` resolution and
-command-line overrides (``--trainer.devices 8``) mean exactly what they mean for training.
+command-line overrides (``--trainer.devices 8``) mean exactly what they mean for training. Class paths
+resolve from the working directory too (``examples.gpt.GPT`` from a checkout), as for ``python -m``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
+import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +50,8 @@ class ClassSpec:
         Raises:
             ValueError: when the class refuses its ``init_args`` (its own error, named, for any type).
         """
-        cls = self.load_class()
+        with importable_working_directory():
+            cls = self.load_class()
         try:
             return cls(**self.init_args)
         except ValueError:
@@ -142,8 +148,8 @@ def _check_yaml_file(path: Path) -> None:
 
 def _parse(config_path: str, overrides: list[str]) -> dict[str, Any]:
     """LightningCLI's parse of the config as plain data; its errors become ``ValueError`` (no exit)."""
-    with warnings.catch_warnings():  # LightningCLI warns that sys.argv is not what it parses: intended
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    with warnings.catch_warnings(), importable_working_directory():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # no sys.argv: intended
         warnings.filterwarnings("ignore", message="No seed found")  # it still seeds (0): a line of noise
         try:
             cli = _ParseOnlyCLI(
@@ -162,6 +168,24 @@ def _parse(config_path: str, overrides: list[str]) -> dict[str, Any]:
                 f"the config {config_path!r} (with overrides {overrides}) does not parse: {reason}"
             ) from None
     return cli.config.as_dict()
+
+
+@contextlib.contextmanager
+def importable_working_directory() -> Iterator[None]:
+    """Modules of the working directory importable, as ``lightning-ckpt`` and ``python -m`` make them.
+
+    ``python -c`` and notebooks have ``''`` on ``sys.path``, but jsonargparse reads a config from the
+    config's folder (``configs/``), where ``''`` no longer finds ``examples``; the absolute path does.
+    """
+    folder = os.getcwd()
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
 
 
 def _spec(entry: dict[str, Any]) -> ClassSpec:
