@@ -74,3 +74,39 @@ def test_the_readme_python_example_runs_from_the_repository_root():
         str(ROOT / "lightning_ckpt")
     )  # this checkout's package, not an installed one
     assert "model      examples.gpt.GPT: 1,556,840,000 parameters" in done.stdout and "(fits)" in done.stdout
+
+
+_TOLD = """
+import torch, torch.nn as nn
+from lightning_ckpt.core.candidates import find_candidates
+from lightning_ckpt.core.hf_models import training_without_cache
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+class LM(nn.Module):
+    config = type("Config", (), {"use_cache": True})()
+
+    def forward(self, x, use_cache=None):
+        return use_cache
+
+model = nn.Module()
+model.h = nn.ModuleList([Block(), Block()])
+find_candidates(model)
+find_candidates(model)  # the callback looks at setup and again at each plan: said once
+find_candidates(model, ["h.*", "Linear"])
+lm = LM()
+with training_without_cache(lm):
+    assert lm(torch.ones(1)) is False
+"""
+
+
+def test_the_log_lines_the_readme_promises_show_at_the_default_level():
+    done = _run(["-c", _TOLD])
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines.count("AutoCheckpoint candidates: the blocks of h (2 x Block)") == 1, lines
+    assert "AutoCheckpoint candidate 'h.0.fc' dropped: its ancestor 'h.0' is a candidate too" in done.stderr
+    assert "AutoCheckpoint: use_cache=False while LM trains" in done.stderr
