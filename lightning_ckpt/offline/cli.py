@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     from lightning_ckpt.offline.plan import plan_offline  # torch and lightning: after the arguments parse
 
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to ..."
+    # "AutoCheckpoint candidates: ...", which the callback tells in training: here the table lists them
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     try:
         check_output_file("--json", args.json)
         result = plan_offline(
