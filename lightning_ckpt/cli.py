@@ -92,6 +92,24 @@ def one_line(error: BaseException) -> str:
     return text if isinstance(error, ValueError) else f"{type(error).__name__}: {text}"
 
 
+def raised_by_lightning_ckpt(error: BaseException) -> bool:
+    """Whether lightning_ckpt's own code raised ``error`` (its message is then meant for the user as it is).
+
+    Example:
+        >>> from lightning_ckpt import AutoCheckpointConfig
+        >>> try:
+        ...     AutoCheckpointConfig(budget_gb=-1)
+        ... except ValueError as error:
+        ...     raised_by_lightning_ckpt(error), raised_by_lightning_ckpt(ValueError("a model's own"))
+        (True, False)
+    """
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    module = traceback.tb_frame.f_globals.get("__name__", "") if traceback is not None else ""
+    return module.split(".")[0] == "lightning_ckpt"
+
+
 def check_output_file(flag: str, text: str | None) -> None:
     """Refuse at once a file a command would write only at the end: its folder missing or not
     writable, or itself a folder (writing can still fail later; the commands catch that too).

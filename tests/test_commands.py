@@ -26,6 +26,7 @@ def _configs(folder: Path) -> dict[str, str]:
         "broken": "model: [\n",
         "list": "- model\n",
         "bad_model": bad_model,
+        "bad_budget": Path(CPU_CONFIG).read_text().replace("budget_gb: 0.12 ", 'budget_gb: "40GB"'),
     }
     for name, text in files.items():
         (folder / f"{name}.yaml").write_text(text)
@@ -61,6 +62,11 @@ def _configs(folder: Path) -> dict[str, str]:
         ),
         (["bench", "--n", "10", "--plot", "{folder}"], r"cannot write --plot '.*': it is a folder"),
         (["plan", "--config", "{bad_model}", "--budget-gb", "1"], r"`n_embd` must be a multiple of `n_head`"),
+        (  # AutoCheckpoint's own message, not jsonargparse's nested one
+            ["plan", "--config", "{bad_budget}"],
+            r"^lightning-ckpt plan: the config '.*bad_budget.yaml', trainer.callbacks\[1\] "
+            r"\(lightning_ckpt.AutoCheckpoint\): `budget_gb` must be a positive finite .*, got '40GB'$",
+        ),
         (
             ["sweep", "--config", "{empty}", "--out-dir", "{folder}"],
             r"must be a YAML mapping .* got an empty file",

@@ -4,6 +4,7 @@ value as one line, the log lines the README promises, and outputs under `runs/`.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,57 @@ def test_the_log_lines_the_readme_promises_show_at_the_default_level():
     assert lines.count("AutoCheckpoint candidates: the blocks of h (2 x Block)") == 1, lines
     assert "AutoCheckpoint candidate 'h.0.fc' dropped: its ancestor 'h.0' is a candidate too" in done.stderr
     assert "AutoCheckpoint: use_cache=False while LM trains" in done.stderr
+
+
+def _bad_config(folder: Path, old: str, new: str) -> str:
+    text = (ROOT / "configs" / "gpt-cpu.yaml").read_text()
+    assert old in text
+    (folder / "bad.yaml").write_text(text.replace(old, new))
+    return str(folder / "bad.yaml")
+
+
+TINY_RUN = [
+    "--model.init_args.n_layer",
+    "2",
+    "--data.init_args.max_chars",
+    "20000",
+    "--trainer.max_steps",
+    "1",
+]
+BUDGET_MESSAGE = r"`budget_gb` must be a positive finite number of GB up to 1e\+09, got "
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            "budget_gb: 0.12 ",
+            'budget_gb: "40GB"',
+            rf".*bad.yaml, trainer.callbacks\[1\] .*{BUDGET_MESSAGE}'40GB'$",
+        ),
+        ("budget_gb: 0.12 ", "budget_gb: -1   ", rf"trainer.callbacks\[1\] .*{BUDGET_MESSAGE}-1.0$"),
+        (
+            "targets: null  ",
+            "targets: [Nope]",
+            r"`targets` entry 'Nope' matches no module .* modules include \[.*\]",
+        ),
+    ],
+)
+def test_a_bad_autocheckpoint_value_in_a_training_config_is_one_line(tmp_path, old, new, message):
+    config = _bad_config(tmp_path, old, new)
+    argv = ["-m", "examples.train", "fit", "--config", config, *TINY_RUN]
+    done = _run([*argv, "--trainer.default_root_dir", str(tmp_path)])
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert re.fullmatch(f"examples.train: {message}", lines[-1]), lines[-1]
+    if "targets" not in old:  # refused before anything is built: the only line
+        assert len(lines) == 1, lines
+
+
+def test_an_error_of_the_model_itself_keeps_its_traceback():
+    from examples.train import main as train_main
+
+    with pytest.raises(ValueError, match="`n_embd` must be a multiple of `n_head`"):
+        train_main(
+            ["fit", "--config", str(ROOT / "configs" / "gpt-cpu.yaml"), "--model.init_args.n_embd", "33"]
+        )
