@@ -27,6 +27,8 @@ def _configs(folder: Path) -> dict[str, str]:
         "list": "- model\n",
         "bad_model": bad_model,
         "bad_budget": Path(CPU_CONFIG).read_text().replace("budget_gb: 0.12 ", 'budget_gb: "40GB"'),
+        "negative_budget": Path(CPU_CONFIG).read_text().replace("budget_gb: 0.12 ", "budget_gb: -1 "),
+        "no_target": Path(CPU_CONFIG).read_text().replace("targets: null ", "targets: [Nope] "),
     }
     for name, text in files.items():
         (folder / f"{name}.yaml").write_text(text)
@@ -66,6 +68,11 @@ def _configs(folder: Path) -> dict[str, str]:
             ["plan", "--config", "{bad_budget}"],
             r"^lightning-ckpt plan: the config '.*bad_budget.yaml', trainer.callbacks\[1\] "
             r"\(lightning_ckpt.AutoCheckpoint\): `budget_gb` must be a positive finite .*, got '40GB'$",
+        ),
+        (["plan", "--config", "{negative_budget}"], r": `budget_gb` must be a positive finite .*, got -1.0$"),
+        (
+            ["plan", "--config", "{no_target}"],
+            r": `targets` entry 'Nope' matches no module .* modules include",
         ),
         (
             ["sweep", "--config", "{empty}", "--out-dir", "{folder}"],
