@@ -23,6 +23,8 @@ import os
 import sys
 from pathlib import Path
 
+from lightning_ckpt import __version__
+
 _SUBCOMMANDS = {
     "bench": ("benchmarks.bench", "Benchmark the knapsack solvers against PyTorch's."),
     "sweep": ("benchmarks.sweep.cli", "Budget sweep of the GPT example against hand-picked policies."),
@@ -34,8 +36,13 @@ _SUBCOMMANDS = {
 
 
 def _usage() -> str:
-    lines = ["usage: lightning-ckpt {" + ",".join(_SUBCOMMANDS) + "} [options]", ""]
-    lines += [f"  {name:<6} {text}" for name, (_, text) in _SUBCOMMANDS.items()]
+    lines = ["usage: lightning-ckpt {" + ",".join(_SUBCOMMANDS) + "} [options] | --version", ""]
+    lines += [f"  {name:<10} {text}" for name, (_, text) in _SUBCOMMANDS.items()]
+    lines += [
+        f"  {'--version':<10} Print the version and exit.",
+        "",
+        "`lightning-ckpt <command> --help` lists a command's options.",
+    ]
     return "\n".join(lines)
 
 
@@ -44,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(_usage() + "\n")
+        return 0
+    if argv[0] in ("-V", "--version"):
+        sys.stdout.write(f"lightning-ckpt {__version__}\n")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in _SUBCOMMANDS:
@@ -80,6 +90,24 @@ def one_line(error: BaseException) -> str:
     """
     text = " ".join(str(error).split())
     return text if isinstance(error, ValueError) else f"{type(error).__name__}: {text}"
+
+
+def raised_by_lightning_ckpt(error: BaseException) -> bool:
+    """Whether lightning_ckpt's own code raised ``error`` (its message is then meant for the user as it is).
+
+    Example:
+        >>> from lightning_ckpt import AutoCheckpointConfig
+        >>> try:
+        ...     AutoCheckpointConfig(budget_gb=-1)
+        ... except ValueError as error:
+        ...     raised_by_lightning_ckpt(error), raised_by_lightning_ckpt(ValueError("a model's own"))
+        (True, False)
+    """
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    module = traceback.tb_frame.f_globals.get("__name__", "") if traceback is not None else ""
+    return module.split(".")[0] == "lightning_ckpt"
 
 
 def check_output_file(flag: str, text: str | None) -> None:

@@ -41,7 +41,7 @@ def test_targets_by_class_name_or_glob(model, targets, expected):
 
 
 def test_overlapping_targets_keep_the_outermost_and_log_it(model, caplog):
-    with caplog.at_level(logging.INFO, logger="lightning_ckpt.core.candidates"):
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
         assert find_candidates(model, ["transformer.h.*.mlp", "Block", "Linear"]) == [*BLOCKS, "lm_head"]
     assert "'transformer.h.0.mlp' dropped: its ancestor 'transformer.h.0'" in caplog.text
 
@@ -91,7 +91,7 @@ class _Stage(nn.Module):
 
 
 def test_every_list_of_repeated_blocks_is_taken_and_logged(caplog):
-    with caplog.at_level(logging.INFO, logger="lightning_ckpt.core.candidates"):
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
         names = find_candidates(_EncoderDecoder())
     assert names == [
         "encoder.block.0",

@@ -26,6 +26,9 @@ def _configs(folder: Path) -> dict[str, str]:
         "broken": "model: [\n",
         "list": "- model\n",
         "bad_model": bad_model,
+        "bad_budget": Path(CPU_CONFIG).read_text().replace("budget_gb: 0.12 ", 'budget_gb: "40GB"'),
+        "negative_budget": Path(CPU_CONFIG).read_text().replace("budget_gb: 0.12 ", "budget_gb: -1 "),
+        "no_target": Path(CPU_CONFIG).read_text().replace("targets: null ", "targets: [Nope] "),
     }
     for name, text in files.items():
         (folder / f"{name}.yaml").write_text(text)
@@ -61,9 +64,30 @@ def _configs(folder: Path) -> dict[str, str]:
         ),
         (["bench", "--n", "10", "--plot", "{folder}"], r"cannot write --plot '.*': it is a folder"),
         (["plan", "--config", "{bad_model}", "--budget-gb", "1"], r"`n_embd` must be a multiple of `n_head`"),
-        (["sweep", "--config", "{empty}"], r"must be a YAML mapping .* got an empty file"),
+        (  # AutoCheckpoint's own message, not jsonargparse's nested one
+            ["plan", "--config", "{bad_budget}"],
+            r"^lightning-ckpt plan: the config '.*bad_budget.yaml', trainer.callbacks\[1\] "
+            r"\(lightning_ckpt.AutoCheckpoint\): `budget_gb` must be a positive finite .*, got '40GB'$",
+        ),
+        (["plan", "--config", "{negative_budget}"], r": `budget_gb` must be a positive finite .*, got -1.0$"),
         (
-            ["sweep", "--config", CPU_CONFIG, "--plot", "{missing_dir}/sweep.png"],
+            ["plan", "--config", "{no_target}"],
+            r": `targets` entry 'Nope' matches no module .* modules include",
+        ),
+        (
+            ["sweep", "--config", "{empty}", "--out-dir", "{folder}"],
+            r"must be a YAML mapping .* got an empty file",
+        ),
+        (
+            [
+                "sweep",
+                "--config",
+                CPU_CONFIG,
+                "--out-dir",
+                "{folder}/out",
+                "--plot",
+                "{missing_dir}/sweep.png",
+            ],
             r"cannot write --plot .*: its folder does not exist",
         ),
     ],

@@ -48,7 +48,7 @@ def _sizes(profile) -> list[tuple]:
 def test_padded_transformers_models_with_their_cache_on_train_within_the_budget(kind, caplog, monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.setattr(hf_models, "_SAID", set())  # said once per process: say it again here
-    caplog.set_level(logging.INFO, logger="lightning_ckpt.core.hf_models")
+    caplog.set_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero")
     profile = probe_profile(PaddedLM(kind), padded_token_loader())
     names = [m.name for m in profile.modules]
     if kind == "t5":  # the decoder's blocks are candidates too

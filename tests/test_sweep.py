@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.sweep import cli as sweep
-from benchmarks.sweep.cli import BudgetVerdict, PolicyResult, default_budgets_gb, hand_policy_blocks, verdicts
+from benchmarks.sweep.report import BudgetVerdict, format_verdicts, verdicts
+from benchmarks.sweep.run import PolicyResult, default_budgets_gb, hand_policy_blocks
 
 CPU_CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "gpt-cpu.yaml")
 TINY_OVERRIDES = [
@@ -29,11 +30,12 @@ TINY_OVERRIDES = [
 def tiny_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict, Path]:
     out = tmp_path_factory.mktemp("sweep")
     argv = ["--config", CPU_CONFIG, "--steps", "1", "--rounds", "2", "--num-budgets", "2"]
-    argv += ["--plot", str(out / "sweep.png"), "--json", str(out / "sweep.json"), *TINY_OVERRIDES]
+    argv += ["--out-dir", str(out / "sweep"), "--plot", *TINY_OVERRIDES]  # files named after the config
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         status = sweep.main(argv)
-    return status, stdout.getvalue(), json.loads((out / "sweep.json").read_text()), out / "sweep.png"
+    report = json.loads((out / "sweep" / "gpt-cpu.json").read_text())
+    return status, stdout.getvalue(), report, out / "sweep" / "gpt-cpu.png"
 
 
 def test_sweep_prints_both_tables_and_writes_a_png(tiny_sweep) -> None:
@@ -88,7 +90,7 @@ def test_verdicts_pick_the_fastest_fitting_hand_policy(auto, best_hand, ratio, p
 
 def test_format_verdicts_names_a_miss() -> None:
     rows = [BudgetVerdict(1.0, auto_fits=False, best_hand="all", time_ratio=0.9)]
-    assert "OVER BUDGET" in sweep.format_verdicts(rows)
+    assert "OVER BUDGET" in format_verdicts(rows)
 
 
 def test_bad_arguments_are_refused() -> None:
@@ -116,4 +118,4 @@ def test_verdicts_compare_with_the_old_plan_at_the_same_budget() -> None:
     )
     (verdict,) = verdicts([*hands, auto, old])  # the old plan is not judged as AutoCheckpoint
     assert verdict.old_plan_ratio == pytest.approx(1.2 / 1.5)
-    assert "0.800" in sweep.format_verdicts([verdict]) and "vs_old" in sweep.format_verdicts([verdict])
+    assert "0.800" in format_verdicts([verdict]) and "vs_old" in format_verdicts([verdict])

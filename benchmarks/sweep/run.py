@@ -19,7 +19,6 @@ import itertools
 import logging
 import math
 import statistics
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
+from benchmarks.sweep.options import CLOCKS
 from lightning_ckpt.callback import AutoCheckpoint
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.candidates import find_candidates
@@ -46,7 +46,6 @@ HAND_POLICIES = ("none", "all", "every-other")
 OLD_PLAN_SOLVER = "ilp"
 """The plan before exact peak planning (issue 13): the additive bound solved exactly, then the greedy pass
 (what ``solver="auto"`` planned then; the baseline solvers still plan that way)."""
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 @dataclass

@@ -5,7 +5,8 @@ Rules:
   class, where a block has submodules of its own (a list of bare ``Linear`` heads is not a stack of
   blocks): the layers of a decoder-only transformer, the encoder and the decoder of T5, BART or Whisper,
   each stage of a ResNet or U-Net. A list inside a block of another such list is left out (its outer
-  block is the candidate). The lists taken are logged.
+  block is the candidate). The lists taken are logged (Lightning's ``rank_zero_info``: shown at its
+  default level, once per model).
 - ``targets``: class names (``"Block"``) or glob patterns on qualified names (``"transformer.h.*.mlp"``,
   ``fnmatch`` syntax, ``*`` also matches dots). A module matches if its class name equals a target or its
   name matches a target as a glob.
@@ -18,10 +19,11 @@ Rules:
 from __future__ import annotations
 
 import fnmatch
-import logging
+import weakref
 from collections.abc import Sequence
 
 import torch.nn as nn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_ckpt.core.names import (
     example_names,
@@ -32,7 +34,8 @@ from lightning_ckpt.core.names import (
 
 __all__ = ["as_target_list", "find_candidates"]
 
-log = logging.getLogger(__name__)
+_SAID: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
+"""What was said about each model: the callback looks for candidates at setup and at each plan."""
 
 
 def find_candidates(model: nn.Module, targets: Sequence[str] | None = None) -> list[str]:
@@ -65,7 +68,7 @@ def find_candidates(model: nn.Module, targets: Sequence[str] | None = None) -> l
     if targets is None:
         names = _repeated_blocks(model, modules)
     else:
-        names = _outermost(_match_targets(model, modules, as_target_list(targets)))
+        names = _outermost(model, _match_targets(model, modules, as_target_list(targets)))
     return names
 
 
@@ -92,12 +95,10 @@ def _repeated_blocks(model: nn.Module, modules: dict[str, nn.Module]) -> list[st
             f" are used, but the model has none; pass `targets` (class names or name globs), e.g. one of "
             f"{example_names(model)}"
         )
-    log.info(
-        "candidates: the blocks of %s",
-        ", ".join(
-            f"{name or 'the model'} ({len(modules[name])} x {_child_class(name, modules)})" for name in lists
-        ),
+    taken = (
+        f"{name or 'the model'} ({len(modules[name])} x {_child_class(name, modules)})" for name in lists
     )
+    _say_once(model, f"AutoCheckpoint candidates: the blocks of {', '.join(taken)}")
     return [
         f"{name}.{index}" if name else str(index) for name in lists for index in range(len(modules[name]))
     ]
@@ -139,14 +140,24 @@ def _match_targets(model: nn.Module, modules: dict[str, nn.Module], targets: lis
     return sorted(matched, key=order.__getitem__)
 
 
-def _outermost(names: list[str]) -> list[str]:
+def _say_once(model: nn.Module, message: str) -> None:
+    """Tell the user, in Lightning's log on rank 0 (shown at its default level), once per model."""
+    said = _SAID.setdefault(model, set())
+    if message not in said:
+        said.add(message)
+        rank_zero_info(message)
+
+
+def _outermost(model: nn.Module, names: list[str]) -> list[str]:
     kept: list[str] = []
     for name in names:  # sorted in named_modules() order: ancestors come before descendants
         ancestor = next((outer for outer in kept if name.startswith(outer + ".")), None)
         if ancestor is None:
             kept.append(name)
         else:
-            log.info(
-                "candidate %r dropped: its ancestor %r is a candidate too (outermost wins)", name, ancestor
+            _say_once(
+                model,
+                f"AutoCheckpoint candidate {name!r} dropped: its ancestor {ancestor!r} is a candidate too"
+                " (outermost wins)",
             )
     return kept

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch.nn as nn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_ckpt._compat import FakeTensor
 from lightning_ckpt.core.names import outermost_matching, strip_wrapper_prefixes
@@ -74,10 +75,9 @@ def _no_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[t
     config_cache = getattr(getattr(module, "config", None), "use_cache", False)
     if (kwargs.get("use_cache") or config_cache) and type(module).__name__ not in _SAID:
         _SAID.add(type(module).__name__)
-        log.info(
-            "AutoCheckpoint: use_cache=False while %s trains (a checkpointed layer's recomputation would"
-            " write its KV cache again), as transformers' own gradient checkpointing does",
-            type(module).__name__,
+        rank_zero_info(  # Lightning's log, rank 0: shown at its default level
+            f"AutoCheckpoint: use_cache=False while {type(module).__name__} trains (a checkpointed layer's"
+            " recomputation would write its KV cache again), as transformers' own gradient checkpointing does"
         )
     return args, {**kwargs, "use_cache": False}
 

@@ -7,13 +7,17 @@ builds one from a live Trainer (:mod:`lightning_ckpt.lightning.fsdp_twin`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_ckpt._compat import convert_precision
 
-__all__ = ["ClassSpec", "RunConfig"]
+__all__ = ["ClassSpec", "RunConfig", "importable_working_directory"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,8 @@ class ClassSpec:
         Raises:
             ValueError: when the class refuses its ``init_args`` (its own error, named, for any type).
         """
-        cls = self.load_class()
+        with importable_working_directory():
+            cls = self.load_class()
         try:
             return cls(**self.init_args)
         except ValueError:
@@ -95,3 +100,21 @@ def _int_or_one(devices: Any) -> int:
         return max(int(devices), 1)
     except (TypeError, ValueError):
         return 1  # "auto" and friends: one device unless the command line says otherwise
+
+
+@contextlib.contextmanager
+def importable_working_directory() -> Iterator[None]:
+    """Modules of the working directory importable, as ``lightning-ckpt`` and ``python -m`` make them.
+
+    ``python -c`` and notebooks have ``''`` on ``sys.path``, but jsonargparse reads a config from the
+    config's folder (``configs/``), where ``''`` no longer finds ``examples``; the absolute path does.
+    """
+    folder = os.getcwd()
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)

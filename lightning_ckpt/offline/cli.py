@@ -1,4 +1,8 @@
-"""``lightning-ckpt plan``: the command line of :func:`lightning_ckpt.offline.plan_offline`."""
+"""``lightning-ckpt plan``: the command line of :func:`lightning_ckpt.offline.plan_offline`.
+
+The parser needs neither torch nor lightning (``--help`` and a bad flag answer at once); the planner is
+imported once the arguments parse.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ import sys
 from pathlib import Path
 
 from lightning_ckpt.cli import check_output_file, one_line, positive_float, positive_int
-from lightning_ckpt.offline.plan import plan_offline
 
 __all__ = ["main"]
 
@@ -49,7 +52,11 @@ def _override(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """``lightning-ckpt plan``: print the offline plan (and write JSON); exit status 1 if it cannot plan."""
     args = _parser().parse_args(argv)
+    from lightning_ckpt.offline.plan import plan_offline  # torch and lightning: after the arguments parse
+
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to ..."
+    # "AutoCheckpoint candidates: ...", which the callback tells in training: here the table lists them
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     try:
         check_output_file("--json", args.json)
         result = plan_offline(

@@ -2,13 +2,16 @@
 
 The offline planner and the sweep read the same config as ``python -m examples.train fit --config ...``:
 it is parsed and validated by LightningCLI's own parser, so defaults, ``class_path`` resolution and
-command-line overrides (``--trainer.devices 8``) mean exactly what they mean for training.
+command-line overrides (``--trainer.devices 8``) mean exactly what they mean for training. Class paths
+resolve from the working directory too (``examples.gpt.GPT`` from a checkout), as for ``python -m``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,8 @@ import lightning as L
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
-from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig
+from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig, importable_working_directory
 
 
 class _ParseOnlyCLI(LightningCLI):
@@ -33,8 +37,8 @@ def load_run_config(config_path: str | Path, overrides: list[str] | None = None)
         ValueError: if the file does not exist, cannot be read, is empty or not a YAML mapping, or does not
             parse (LightningCLI needs ``model`` and ``data``); the message says which.
     """
-    _check_yaml_file(Path(config_path))
-    config = _parse(str(config_path), list(overrides or []))
+    data = _check_yaml_file(Path(config_path))
+    config = _parse(str(config_path), list(overrides or []), data)
     trainer = {key: _spec_or_value(value) for key, value in (config.get("trainer") or {}).items()}
     return RunConfig(
         model=_spec(config["model"]),
@@ -44,8 +48,8 @@ def load_run_config(config_path: str | Path, overrides: list[str] | None = None)
     )
 
 
-def _check_yaml_file(path: Path) -> None:
-    """Refuse, with the reason, a config that is missing, unreadable, empty, not YAML or not a mapping."""
+def _check_yaml_file(path: Path) -> dict[str, Any]:
+    """The config's YAML data; refused, with the reason, if missing, unreadable, empty, not YAML or not a mapping."""
     if not path.is_file():
         raise ValueError(f"`config` must name an existing YAML file, got {str(path)!r}")
     try:
@@ -62,12 +66,14 @@ def _check_yaml_file(path: Path) -> None:
             f"`config` {str(path)!r} must be a YAML mapping with at least `model:` (and usually `data:` and"
             f" `trainer:`), got {got}"
         )
+    return data
 
 
-def _parse(config_path: str, overrides: list[str]) -> dict[str, Any]:
-    """LightningCLI's parse of the config as plain data; its errors become ``ValueError`` (no exit)."""
-    with warnings.catch_warnings():  # LightningCLI warns that sys.argv is not what it parses: intended
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+def _parse(config_path: str, overrides: list[str], data: dict[str, Any]) -> dict[str, Any]:
+    """LightningCLI's parse of the config as plain data; its errors become ``ValueError`` (no exit), and a bad
+    AutoCheckpoint value in the file is AutoCheckpoint's own message, not jsonargparse's nested one."""
+    with warnings.catch_warnings(), importable_working_directory():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # no sys.argv: intended
         warnings.filterwarnings("ignore", message="No seed found")  # it still seeds (0): a line of noise
         try:
             cli = _ParseOnlyCLI(
@@ -82,10 +88,54 @@ def _parse(config_path: str, overrides: list[str]) -> dict[str, Any]:
             )
         except argparse.ArgumentError as error:
             reason = " ".join(str(error).split())  # one line
+            if "AutoCheckpoint" in reason:
+                check_autocheckpoint_values(data, f"the config {config_path!r}")
             raise ValueError(
                 f"the config {config_path!r} (with overrides {overrides}) does not parse: {reason}"
             ) from None
     return cli.config.as_dict()
+
+
+def check_autocheckpoint_values(config: Mapping[str, Any], source: str = "") -> None:
+    """AutoCheckpoint's own checks on each AutoCheckpoint of a config's ``trainer.callbacks``: a YAML file's
+    data (a string for a number or a bool is read as YAML, as the parser reads it) or a parsed config.
+
+    Raises:
+        ValueError: the first value refused, where it is and AutoCheckpoint's message (the key, what is
+            allowed, what was given). A missing or unknown argument is left to the parser, which names it.
+
+    Example:
+        >>> entry = {"class_path": "lightning_ckpt.AutoCheckpoint", "init_args": {"budget_gb": "40GB"}}
+        >>> check_autocheckpoint_values({"trainer": {"callbacks": [entry]}}, "run.yaml")
+        Traceback (most recent call last):
+        ...
+        ValueError: run.yaml, trainer.callbacks[0] (lightning_ckpt.AutoCheckpoint): `budget_gb` must be a positive finite number of GB up to 1e+09, got '40GB'
+    """
+    trainer = config.get("trainer")
+    callbacks = trainer.get("callbacks") if isinstance(trainer, Mapping) else None
+    entries = callbacks if isinstance(callbacks, list) else [callbacks]
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or not str(entry.get("class_path")).endswith("AutoCheckpoint"):
+            continue
+        init_args = entry.get("init_args") or {}
+        if not isinstance(init_args, Mapping):
+            continue
+        try:
+            AutoCheckpointConfig(**{key: _as_parsed(key, value) for key, value in init_args.items()})
+        except TypeError:
+            continue
+        except ValueError as error:
+            where = f"trainer.callbacks[{index}]" if isinstance(callbacks, list) else "trainer.callbacks"
+            where = f"{source}, {where}" if source else where
+            raise ValueError(f"{where} ({entry['class_path']}): {error}") from None
+
+
+def _as_parsed(key: str, value: Any) -> Any:
+    """A YAML string for a number or a bool (``"0.12"``) as the parser takes it; ``"40GB"`` stays a string."""
+    if isinstance(value, str) and key not in ("targets", "cost", "solver"):
+        with contextlib.suppress(yaml.YAMLError):
+            return yaml.safe_load(value)
+    return value
 
 
 def _spec(entry: dict[str, Any]) -> ClassSpec:
