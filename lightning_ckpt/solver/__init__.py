@@ -9,6 +9,6 @@ Example:
 from lightning_ckpt.solver.api import KnapsackResult, SolveStats, solve_knapsack
 from lightning_ckpt.solver.options import SolverOptions
 from lightning_ckpt.solver.quantize import quantize
-from lightning_ckpt.solver.value_profile import KERNEL
+from lightning_ckpt.solver.runtime.backend import KERNEL
 
 __all__ = ["KERNEL", "KnapsackResult", "SolveStats", "SolverOptions", "quantize", "solve_knapsack"]

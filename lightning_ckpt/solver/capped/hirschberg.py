@@ -1,50 +1,47 @@
-"""Exact knapsack with prefix capacities in O(W) memory: Hirschberg over capped value profiles.
-
-Item ``j`` may be chosen only while the chosen items before it weigh at most ``take[j]``; when it is
-not chosen they must weigh at most ``skip[j]``; all chosen items at most the capacity W. (A plan's
-peak constraints have this form when the backward frees modules in reverse forward order.)
+"""The dense capped engine: Hirschberg over capped value profiles, exact in O(W) memory.
 
 A *segment* is items ``lo:hi`` when the chosen items before ``lo`` weigh at most ``P`` and those
 through ``hi - 1`` at most ``E``: a capped knapsack of capacity ``C = E - P`` whose caps are the
 items' caps less ``P``. A large segment splits at ``mid``: the forward profile ``F`` of ``lo:mid``
-and the backward profile ``B`` of ``mid:hi`` (``capped_profile``), both over ``0..C``, give
+and the backward profile ``B`` of ``mid:hi`` (``profile.py``), both over ``0..C``, give
 ``x* = argmax_x F[x] + B[x]`` (first maximum); the halves become ``(lo, mid, P, P + x*)`` and
 ``(mid, hi, P + x*, E)``. The left half may end lighter than ``x*``; the right half's caps only
 loosen then, so the pair stays feasible and optimal. The halves' capacities sum to C (no unit
-leaks), and their profiles are independent: ``workers`` computes them in parallel, with the same
-split rule for any ``workers`` (the same answer).
+leaks), and their profiles are independent: ``workers`` computes them in parallel (``runtime.pool``),
+with the same split rule for any ``workers`` (the same answer). A segment of at most
+``SolverOptions.leaf_max_cells`` cells (or one item) is a *leaf*: a forward pass recording a decision
+bit per item and capacity, then a backtrack.
 
-Before that: caps are clipped to W, weights, caps and W are divided (floor) by the weights' common
-divisor, and (for ``method="auto"``) a sparse frontier DP (``frontier``) solves instances whose Pareto
-frontiers stay small.
+When it runs: for ``method="hirschberg"`` with prefix capacities, always; for ``"auto"``, only when the
+sparse frontier (``frontier.py``) gives up past ``solve.SPARSE_MAX_ENTRIES`` entries. It is the
+guarantee that a capped solve needs O(W) memory (two profiles of ``C + 1`` floats, 16 bytes per
+capacity unit) however large the frontier would grow. Measured (``python -m
+benchmarks.bench.frontier_sizes``, 2-core VM, shared): no plan reached it; the largest frontier of the
+offline planner on every config in ``configs/`` at several budgets, and of the profiled mixed-width
+stacks of ``benchmarks.bench.plan_instance`` up to 2000 blocks, stayed far below the handover (figures
+in docs/solver.md).
 
 Example:
-    >>> w, v = np.array([3, 3, 3]), np.array([1.5, 2.0, 3.0])
-    >>> mask, _, _, _ = solve_capped(w, v, 6, np.array([6, 6, 0]), np.array([6, 6, 6]), 1)
+    >>> w, v = np.array([1, 1, 1]), np.array([1.5, 2.0, 3.0])
+    >>> mask, cells, used = solve_dense(w, v, 2, np.array([2, 2, 0]), np.array([2, 2, 2]), 1)
     >>> mask.tolist()  # item 2 only with nothing before it: items 0 and 1 (3.5) beat it alone
     [True, True, False]
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from lightning_ckpt.solver import capped_profile, hirschberg, parallel, workers
+from lightning_ckpt.solver.capped import profile
 from lightning_ckpt.solver.fits import check_fits
-from lightning_ckpt.solver.frontier import solve_sparse
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
-from lightning_ckpt.solver.value_profile import new_stop_flag, raise_if_stopped
+from lightning_ckpt.solver.runtime import pool
+from lightning_ckpt.solver.runtime.interrupt import new_stop_flag, raise_if_stopped
 
-__all__ = ["CappedTask", "cap_violation", "solve_capped"]
-
-SPARSE_MAX_ENTRIES = 1 << 22
-"""The sparse path gives up past this many frontier entries (all passes together; its history holds
-at most ~32 MB). With its bounds it stays far below on plan-like instances: 0.24M entries for 2000
-heterogeneous items at W = 1.4e8, 0.9M for 500 profiled blocks of mixed widths."""
+__all__ = ["CappedTask", "solve_dense"]
 
 
 @dataclass(frozen=True)
@@ -66,17 +63,23 @@ class CappedTask:
         return (self.hi - self.lo) * (self.capacity + 1)
 
     def run(
-        self, weights: np.ndarray, values: np.ndarray, arena: np.ndarray, stop: np.ndarray | None = None
+        self,
+        weights: np.ndarray,
+        values: np.ndarray,
+        arena: np.ndarray,
+        stop: np.ndarray | None = None,
+        grouping: tuple[int, int, int] | None = None,
     ) -> np.ndarray | None:
         """Fill the profile (returns None) or solve the leaf (returns its mask), in this process;
-        ``stop`` (``value_profile.new_stop_flag``) is checked before every item (``SolveStopped``)."""
+        ``stop`` (``interrupt.new_stop_flag``) is checked before every item (``SolveStopped``).
+        ``grouping`` (the uncapped kernel's) is not used."""
         out = arena[self.offset : self.offset + self.capacity + 1]
         items = (weights[self.lo : self.hi], values[self.lo : self.hi], self.take, self.skip)
         if self.kind == "leaf":
-            mask = capped_profile.solve_leaf(*items, out, stop)
+            mask = profile.solve_leaf(*items, out, stop)
         else:
             out[:] = 0.0
-            (capped_profile.forward if self.kind == "forward" else capped_profile.backward)(*items, out, stop)
+            (profile.forward if self.kind == "forward" else profile.backward)(*items, out, stop)
             mask = None
         if stop is not None:
             raise_if_stopped(stop)
@@ -91,25 +94,7 @@ class _Segment(NamedTuple):
     offset: int
 
 
-def cap_violation(
-    weights: np.ndarray, chosen: np.ndarray, capacity: int, take: np.ndarray, skip: np.ndarray
-) -> str | None:
-    """What the chosen mask breaks (a sentence), or None when it meets every cap.
-
-    Example:
-        >>> cap_violation(np.array([2, 2]), np.array([True, True]), 4, np.array([4, 1]), np.array([4, 4]))
-        'item 1 chosen after 2 of chosen weight, over its cap 1'
-    """
-    before = 0
-    for j, (w, keep) in enumerate(zip(weights.tolist(), chosen.tolist(), strict=True)):
-        cap = int(take[j] if keep else skip[j])
-        if before > cap:
-            return f"item {j} {'chosen' if keep else 'left out'} after {before} of chosen weight, over its cap {cap}"
-        before += w if keep else 0
-    return None if before <= capacity else f"chosen weight {before} over the capacity {capacity}"
-
-
-def solve_capped(
+def solve_dense(
     weights: np.ndarray,
     values: np.ndarray,
     capacity: int,
@@ -117,48 +102,25 @@ def solve_capped(
     skip: np.ndarray,
     count: int,
     options: SolverOptions = DEFAULT_OPTIONS,
-    *,
-    sparse_first: bool = True,
-    dense: bool = True,
     stop: np.ndarray | None = None,
-) -> tuple[np.ndarray, int, int, int] | None:
-    """Solve exactly; caps >= 0. Returns ``(chosen mask, DP cells or frontier entries, processes,
-    capacity after dividing by the weights' common divisor)``.
+) -> tuple[np.ndarray, int, int]:
+    """The best set of a capped knapsack (caps clipped to ``capacity``): ``(chosen mask, DP cells,
+    processes)``. ``count`` processes (this one included) compute the profiles when the instance has
+    at least ``options.parallel_min_solve_cells`` cells; ``stop`` is checked before every item.
 
-    ``count`` processes (this one included) compute the dense path's profiles; ``sparse_first``
-    tries the frontier DP before the dense one (it counts frontier entries as cells); without
-    ``dense``, None when the frontier gives up; ``stop`` (a flag from
-    ``value_profile.new_stop_flag``) is checked between tasks.
+    Raises:
+        MemoryError: when the two profiles do not fit in the available memory.
     """
     stop = new_stop_flag() if stop is None else stop
-    divisor = math.gcd(*weights.tolist()) or 1  # chosen weights are multiples: floor every bound
-    weights, capacity = weights // divisor, capacity // divisor
-    take = np.minimum(take // divisor, capacity)
-    skip = np.minimum(skip // divisor, capacity)
-    sparse = solve_sparse(weights, values, capacity, take, skip, SPARSE_MAX_ENTRIES) if sparse_first else None
-    if sparse is not None or not dense:
-        return None if sparse is None else (*sparse, 1, capacity)
-    raise_if_stopped(stop)
     floats = 2 * (capacity + len(weights))
     advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
     check_fits(8 * floats, None, f"the capped O(W) solver's profiles (capacity {capacity})", advice)
+    solve = lambda executor: _solve_segments(weights, capacity, take, skip, executor, options)  # noqa: E731
     if count > 1 and len(weights) * (capacity + 1) >= options.parallel_min_solve_cells:
-        arena = parallel.shared_arena(floats)
-        if arena is not None:
-            try:
-                with (
-                    workers.borrowed(count - 1) as pool,
-                    parallel.PoolExecutor(weights, values, arena, pool, options, stop) as executor,
-                ):
-                    return (
-                        *_solve_segments(weights, capacity, take, skip, executor, options),
-                        count,
-                        capacity,
-                    )
-            finally:
-                arena.close()
-    executor = hirschberg.LocalExecutor(weights, values, np.empty(floats), options, stop)
-    return (*_solve_segments(weights, capacity, take, skip, executor, options), 1, capacity)
+        shared = pool.solve_on_workers(weights, values, floats, count, options, stop, solve)
+        if shared is not None:
+            return *shared, count
+    return *solve(pool.LocalExecutor(weights, values, np.empty(floats), options, stop)), 1
 
 
 def _tasks(seg: _Segment, take: np.ndarray, skip: np.ndarray, leaf_max_cells: int) -> list[CappedTask]:
