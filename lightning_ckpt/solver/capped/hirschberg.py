@@ -40,12 +40,13 @@ from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime import pool
 from lightning_ckpt.solver.runtime.interrupt import new_stop_flag, raise_if_stopped
+from lightning_ckpt.solver.runtime.pool import RangeTask
 
 __all__ = ["CappedTask", "solve_dense"]
 
 
 @dataclass(frozen=True)
-class CappedTask:
+class CappedTask(RangeTask):
     """A forward or backward profile of items ``lo:hi`` over ``0..capacity``, or a leaf to solve,
     in ``arena[offset:offset + capacity + 1]``; ``take`` and ``skip`` are the items' caps there."""
 
@@ -56,11 +57,6 @@ class CappedTask:
     offset: int
     take: np.ndarray
     skip: np.ndarray
-
-    @property
-    def cells(self) -> int:
-        """DP cells the task updates (for scheduling)."""
-        return (self.hi - self.lo) * (self.capacity + 1)
 
     def run(
         self,

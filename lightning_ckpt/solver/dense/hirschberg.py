@@ -46,13 +46,13 @@ import numpy as np
 
 from lightning_ckpt.solver.dense.profile import best_split, cell_updates, profile, solve_leaf
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
-from lightning_ckpt.solver.runtime.pool import Executor
+from lightning_ckpt.solver.runtime.pool import Executor, RangeTask
 
 __all__ = ["Task", "arena_size", "solve_segments", "split_point"]
 
 
 @dataclass(frozen=True)
-class Task:
+class Task(RangeTask):
     """One unit of work on items ``lo:hi`` at ``capacity``, using ``arena[offset:]``.
 
     A profile task with ``save_at >= 0`` also saves the profile of items ``lo:save_at`` into
@@ -67,11 +67,6 @@ class Task:
     save_at: int = -1
     save_offset: int = 0
     save_len: int = 0
-
-    @property
-    def cells(self) -> int:
-        """Upper bound on DP cell updates (for scheduling)."""
-        return (self.hi - self.lo) * (self.capacity + 1)
 
     def run(
         self,

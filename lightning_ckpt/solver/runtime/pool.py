@@ -2,8 +2,8 @@
 
 Both dense engines (uncapped and capped Hirschberg) cut a solve into levels of independent tasks,
 each a profile pass (or a small leaf) over a range of items in a slice of one float64 *arena*.
-A task is any object with ``cells`` (its size, for scheduling) and ``run(weights, values, arena,
-stop=None, grouping=...)``. An executor runs a level's tasks and returns their results in order:
+A task is any object with ``cells`` (its size, for scheduling; ``RangeTask``) and ``run(weights,
+values, arena, stop=None, grouping=...)``. An executor runs a level's tasks and returns their results in order:
 
 - ``LocalExecutor``: one after another in this process, in ordinary memory;
 - ``PoolExecutor``: on ``N - 1`` worker processes (``workers.py``) plus this one, biggest first,
@@ -44,11 +44,34 @@ from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime import workers
 from lightning_ckpt.solver.runtime.interrupt import raise_if_stopped
 
-__all__ = ["Executor", "LocalExecutor", "PoolExecutor", "SharedArena", "shared_arena", "solve_on_workers"]
+__all__ = [
+    "Executor",
+    "LocalExecutor",
+    "PoolExecutor",
+    "RangeTask",
+    "SharedArena",
+    "shared_arena",
+    "solve_on_workers",
+]
 
 _POLL_S = 0.05  # seconds between checks of the stop flag while waiting for workers
 
 T = TypeVar("T")
+
+
+class RangeTask:
+    """What a task over items ``lo:hi`` at ``capacity`` shares (mixed into each engine's task class):
+    its size, for scheduling. The engine's class adds ``run(weights, values, arena, stop=None,
+    grouping=...)``."""
+
+    lo: int
+    hi: int
+    capacity: int
+
+    @property
+    def cells(self) -> int:
+        """DP cells one pass over the range updates at most (for scheduling)."""
+        return (self.hi - self.lo) * (self.capacity + 1)
 
 
 class Executor(Protocol):
