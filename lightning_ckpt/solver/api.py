@@ -98,21 +98,33 @@ def solve_knapsack(
 ) -> KnapsackResult:
     """Choose items maximizing total value with total weight at most ``capacity``.
 
+    Which engine runs:
+
+    - without caps, ``"auto"`` and ``"hirschberg"`` run the uncapped dense engine (``dense/``): exact
+      reductions (all of them for ``"auto"``, only the trivial ones and the common divisor for
+      ``"hirschberg"``), then Hirschberg over value profiles on the core, on ``workers`` processes
+      when it is large; ``"dp"``, ``"greedy"`` and ``"ilp"`` run ``baselines.py`` (the planner's
+      additive baselines come here, without caps);
+    - with ``prefix_capacities`` or ``skip_capacities`` (how the callback's planner calls it, with
+      ``method=config.solver``, ``"auto"`` by default), the capped engine (``capped/``): for
+      ``"auto"`` the sparse frontier DP, and the dense capped Hirschberg only past 4M frontier
+      entries; for ``"hirschberg"`` the dense capped Hirschberg alone. Other methods are refused.
+
     Args:
         weights: Integral item weights >= 0 (ints, numpy ints, or integral floats).
         values: Finite item values >= 0.
         capacity: Integral capacity >= 0.
-        method: ``"auto"`` (exact, reductions then the fastest exact path), ``"hirschberg"``
-            (exact, dense O(W)-memory DP), ``"dp"`` (exact, full table, refuses large ones),
-            ``"greedy"`` (ratio heuristic) or ``"ilp"`` (exact via scipy's MILP).
+        method: ``"auto"`` (exact: reductions, or the sparse frontier with caps, then the dense
+            O(W) path), ``"hirschberg"`` (exact, the dense O(W)-memory DP alone), ``"dp"`` (exact,
+            full table, refuses large ones), ``"greedy"`` (ratio heuristic) or ``"ilp"`` (exact via
+            scipy's MILP); with caps only ``"auto"`` and ``"hirschberg"``.
         workers: Processes for the exact O(W) paths, capped (with a warning) at the CPUs this
             process may use; the answer does not depend on it.
         options: Tunables (``SolverOptions``; None: the defaults); the answer does not depend
             on them either.
         prefix_capacities: Per item ``i``, the most the chosen items before ``i`` (in the given
-            order) may weigh (integral, >= 0); only ``"auto"`` (a sparse frontier DP first, then the
-            dense one) and ``"hirschberg"`` (dense O(W) only) take it. With ``skip_capacities`` it
-            binds only when item ``i`` is chosen.
+            order) may weigh (integral, >= 0); only ``"auto"`` and ``"hirschberg"`` take it. With
+            ``skip_capacities`` it binds only when item ``i`` is chosen.
         skip_capacities: Per item ``i``, the most the chosen items before ``i`` may weigh when
             ``i`` is not chosen (default: ``prefix_capacities``).
 
@@ -143,6 +155,9 @@ def solve_knapsack(
         (0, 1)
         >>> solve_knapsack([2, 3, 4], [3.0, 4.0, 7.5], 5, **caps).chosen
         (2,)
+        >>> dense = solve_knapsack([2, 3, 4], [3.0, 4.0, 7.5], 5, method="hirschberg", **caps)
+        >>> dense.chosen, dense.stats.cell_updates  # the same set from the dense capped path's profiles
+        ((2,), 18)
     """
     weight_array, value_array, capacity = validate_inputs(weights, values, capacity, method, workers)
     caps = validate_caps(prefix_capacities, skip_capacities, len(weight_array), capacity, method)
