@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 from lightning_ckpt.solver import SolverOptions, solve_knapsack  # noqa: E402
-from lightning_ckpt.solver import workers as solver_workers  # noqa: E402
+from lightning_ckpt.solver.runtime import workers as solver_workers  # noqa: E402
 
 EAGER = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0)  # workers on small solves too
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from lightning_ckpt.solver import capped, frontier
-from lightning_ckpt.solver.chain_bound import chain_dual, suffix_caps
+from lightning_ckpt.solver.capped import frontier
+from lightning_ckpt.solver.capped import solve as capped
+from lightning_ckpt.solver.capped.chain_bound import chain_dual, suffix_caps
 from tests.test_solver_capped import brute_force_value, random_capped_instances
 
 

@@ -96,6 +96,23 @@ def test_solver_imports_neither_torch_nor_lightning():
                 assert not any(n.startswith("lightning_ckpt.") and ".solver" not in n for n in names), path
 
 
+def test_solver_engines_stand_on_its_runtime_alone():
+    """solver/runtime imports no engine; the uncapped (dense) and capped engines import neither each other
+    nor the public face (api)."""
+    engines = ("lightning_ckpt.solver.dense", "lightning_ckpt.solver.capped")
+    rules = {
+        "lightning_ckpt.solver.runtime": (*engines, "lightning_ckpt.solver.api"),
+        engines[0]: (engines[1], "lightning_ckpt.solver.api"),
+        engines[1]: (engines[0], "lightning_ckpt.solver.api"),
+    }
+    graph = _graph()
+    assert all(any(name.startswith(f"{room}.") for name in graph) for room in rules)  # the rooms exist
+    for name, imported in graph.items():
+        for room, forbidden in rules.items():
+            if name == room or name.startswith(f"{room}."):
+                assert not [m for m in imported if m.startswith(forbidden)], name
+
+
 def test_lower_layers_do_not_import_upper_ones():
     """core/ and solver/ import nothing from the planning, Lightning, offline or top-level layers."""
     upper = (

@@ -5,14 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lightning_ckpt.solver import (
-    SolverOptions,
-    capped,
-    capped_profile,
-    frontier,
-    solve_knapsack,
-    value_profile,
-)
+from lightning_ckpt.solver import SolverOptions, solve_knapsack
+from lightning_ckpt.solver.capped import frontier
+from lightning_ckpt.solver.capped import profile as capped_profile
+from lightning_ckpt.solver.capped import solve as capped
+from lightning_ckpt.solver.capped.hirschberg import CappedTask
+from lightning_ckpt.solver.runtime import backend, interrupt
 from tests.test_solver_api import _run_python
 
 
@@ -60,7 +58,7 @@ def path(request, monkeypatch) -> SolverOptions:
         monkeypatch.setattr(capped, "SPARSE_MAX_ENTRIES", 0)
     if request.param == "dense compiled":
         pytest.importorskip("numba")
-        monkeypatch.setattr(value_profile, "NUMPY_MAX_CELLS", 0)
+        monkeypatch.setattr(backend, "NUMPY_MAX_CELLS", 0)
     splits = request.param in ("dense splits", "dense compiled")
     return SolverOptions(leaf_max_cells=0) if splits else SolverOptions()
 
@@ -145,7 +143,7 @@ def test_stats_and_empty_instance():
 
 
 def test_compiled_kernels_match_numpy():
-    numba_kernels = pytest.importorskip("lightning_ckpt.solver._kernels_capped_numba")
+    numba_kernels = pytest.importorskip("lightning_ckpt.solver.capped._kernels_numba")
     rng = np.random.default_rng(2)
     for _ in range(200):
         n, size = int(rng.integers(1, 7)), int(rng.integers(1, 30))
@@ -155,10 +153,10 @@ def test_compiled_kernels_match_numpy():
         for name in ("forward", "backward"):
             ours, twin = np.zeros(size), np.zeros(size)
             getattr(capped_profile, name)(*arrays, ours)  # small: the numpy version
-            getattr(numba_kernels, name)(*arrays, twin, value_profile.new_stop_flag())
+            getattr(numba_kernels, name)(*arrays, twin, interrupt.new_stop_flag())
             np.testing.assert_array_equal(ours, twin)
         took = np.zeros((n, size), dtype=bool)
-        numba_kernels.fill_leaf(*arrays, np.zeros(size), took, value_profile.new_stop_flag())
+        numba_kernels.fill_leaf(*arrays, np.zeros(size), took, interrupt.new_stop_flag())
         mask = capped_profile.backtrack(weights, take, skip, took, size - 1)
         assert np.array_equal(mask, capped_profile.solve_leaf(*arrays, np.zeros(size)))
 
@@ -201,8 +199,8 @@ def test_capped_kernels_stop_before_the_next_item_once_flagged(monkeypatch, comp
     and a task then raises ``SolveStopped``."""
     if compiled:
         pytest.importorskip("numba")
-        monkeypatch.setattr(value_profile, "NUMPY_MAX_CELLS", 0)
-    stop = value_profile.new_stop_flag()
+        monkeypatch.setattr(backend, "NUMPY_MAX_CELLS", 0)
+    stop = interrupt.new_stop_flag()
     stop[0] = 1
     weights, values = np.array([2, 3, 1]), np.array([1.0, 2.0, 0.5])
     caps = (np.array([9, 9, 9]), np.array([9, 9, 9]))
@@ -212,6 +210,6 @@ def test_capped_kernels_stop_before_the_next_item_once_flagged(monkeypatch, comp
         assert (profile == 7.0).all()
         kernel(weights, values, *caps, profile)  # without the flag it runs
         assert not (profile == 7.0).all()
-    task = capped.CappedTask("leaf", 0, 3, 9, 0, *caps)
-    with pytest.raises(value_profile.SolveStopped):
+    task = CappedTask("leaf", 0, 3, 9, 0, *caps)
+    with pytest.raises(interrupt.SolveStopped):
         task.run(weights, values, np.zeros(10), stop)

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_ckpt.solver import SolverOptions, parallel, solve_knapsack
-from lightning_ckpt.solver import workers as solver_workers
+from lightning_ckpt.solver import SolverOptions, solve_knapsack
+from lightning_ckpt.solver.runtime import pool
+from lightning_ckpt.solver.runtime import workers as solver_workers
 
 SCRIPT = Path(__file__).resolve().parent / "solver_fault_script.py"
 EAGER = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=0)
@@ -162,7 +163,7 @@ def test_a_killed_worker_raises_a_clear_error_and_the_next_solve_starts_fresh(mo
     reference = solve_knapsack(weights, values, capacity)
     solve_knapsack(weights, values, capacity, workers=2, options=EAGER)  # the pool is up
     victim = solver_workers.live_worker_pids()[0]
-    real_run = parallel.PoolExecutor.run
+    real_run = pool.PoolExecutor.run
 
     def run_after_a_kill(self, tasks):
         if not _gone(victim):
@@ -171,7 +172,7 @@ def test_a_killed_worker_raises_a_clear_error_and_the_next_solve_starts_fresh(mo
                 time.sleep(0.01)
         return real_run(self, tasks)
 
-    monkeypatch.setattr(parallel.PoolExecutor, "run", run_after_a_kill)
+    monkeypatch.setattr(pool.PoolExecutor, "run", run_after_a_kill)
     with pytest.raises(
         RuntimeError, match=r"worker process \(pid \d+\) exited with code -9; its pool was reset"
     ):

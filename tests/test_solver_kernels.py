@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from benchmarks.bench.generators import FAMILIES, make_instance
-from lightning_ckpt.solver import _kernels_numpy, reduce
-from lightning_ckpt.solver.value_profile import cell_updates, profile
+from lightning_ckpt.solver.dense import _kernels_numpy, reduce
+from lightning_ckpt.solver.dense.profile import cell_updates, profile
 
-numba_kernels = pytest.importorskip("lightning_ckpt.solver._kernels_numba")
+numba_kernels = pytest.importorskip("lightning_ckpt.solver.dense._kernels_numba")
 
 
 def brute_force_profile(weights, values, capacity):

@@ -9,10 +9,11 @@ import socket
 import numpy as np
 import pytest
 
-from lightning_ckpt.solver import SolverOptions, parallel, solve_knapsack
-from lightning_ckpt.solver import workers as solver_workers
-from lightning_ckpt.solver.hirschberg import Task
+from lightning_ckpt.solver import SolverOptions, solve_knapsack
+from lightning_ckpt.solver.dense.hirschberg import Task
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
+from lightning_ckpt.solver.runtime import pool
+from lightning_ckpt.solver.runtime import workers as solver_workers
 
 
 def test_defaults_are_the_measured_values():
@@ -96,7 +97,7 @@ def test_worker_handler_keeps_the_grouping_it_was_sent():
     """What a worker process does with an ``attach`` (its descriptor over a socket), a task and
     a ``detach``, run here."""
     weights, values = np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5])
-    arena = parallel.SharedArena(16)
+    arena = pool.SharedArena(16)
     options = SolverOptions(group_window=3, group_items=2, tile=1)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     state: dict = {"fd_socket": theirs}

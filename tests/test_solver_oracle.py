@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from benchmarks.bench.generators import FAMILIES, make_instance
-from lightning_ckpt.solver import SolverOptions, hirschberg, solve_knapsack
-from lightning_ckpt.solver.value_profile import cell_updates
+from lightning_ckpt.solver import SolverOptions, solve_knapsack
+from lightning_ckpt.solver.dense import hirschberg
+from lightning_ckpt.solver.dense.profile import cell_updates
 
 EXACT = ("auto", "hirschberg", "dp")
 

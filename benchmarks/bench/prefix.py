@@ -70,11 +70,11 @@ def _child(method: str, n: int, capacity: int, seed: int, repeat_budget_s: float
     """Run one method on one instance in this (fresh) process: the best time and the answer."""
     import time
 
-    from lightning_ckpt.solver import capped_profile, solve_knapsack, value_profile
+    from lightning_ckpt.solver import solve_knapsack
+    from lightning_ckpt.solver.runtime import backend
 
-    if value_profile.KERNEL == "numba":  # load the compiled kernels first: steady-state times for all
-        value_profile._backend(1 << 62)
-        capped_profile._compiled(1 << 62)
+    if backend.KERNEL == "numba":  # load the compiled kernels first: steady-state times for all
+        backend.load_numba()
         _warm_up()
     instance = make_prefix_instance(n, capacity, seed)
     args = (instance.weights, instance.values)

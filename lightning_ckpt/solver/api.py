@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightning_ckpt.solver import baselines, capped, hirschberg, interrupt, parallel
-from lightning_ckpt.solver.fits import check_fits
+from lightning_ckpt.solver import baselines
+from lightning_ckpt.solver.capped.solve import cap_violation, solve_capped
+from lightning_ckpt.solver.dense.solve import solve_uncapped
 from lightning_ckpt.solver.options import SolverOptions, resolve_options
-from lightning_ckpt.solver.reduce import Core, reduce_instance
+from lightning_ckpt.solver.runtime import interrupt
+from lightning_ckpt.solver.runtime.backend import KERNEL
 from lightning_ckpt.solver.validate import validate_caps, validate_inputs
-from lightning_ckpt.solver.value_profile import KERNEL
 
 __all__ = ["KnapsackResult", "SolveStats", "solve_knapsack"]
 
@@ -97,21 +98,33 @@ def solve_knapsack(
 ) -> KnapsackResult:
     """Choose items maximizing total value with total weight at most ``capacity``.
 
+    Which engine runs:
+
+    - without caps, ``"auto"`` and ``"hirschberg"`` run the uncapped dense engine (``dense/``): exact
+      reductions (all of them for ``"auto"``, only the trivial ones and the common divisor for
+      ``"hirschberg"``), then Hirschberg over value profiles on the core, on ``workers`` processes
+      when it is large; ``"dp"``, ``"greedy"`` and ``"ilp"`` run ``baselines.py`` (the planner's
+      additive baselines come here, without caps);
+    - with ``prefix_capacities`` or ``skip_capacities`` (how the callback's planner calls it, with
+      ``method=config.solver``, ``"auto"`` by default), the capped engine (``capped/``): for
+      ``"auto"`` the sparse frontier DP, and the dense capped Hirschberg only past 4M frontier
+      entries; for ``"hirschberg"`` the dense capped Hirschberg alone. Other methods are refused.
+
     Args:
         weights: Integral item weights >= 0 (ints, numpy ints, or integral floats).
         values: Finite item values >= 0.
         capacity: Integral capacity >= 0.
-        method: ``"auto"`` (exact, reductions then the fastest exact path), ``"hirschberg"``
-            (exact, dense O(W)-memory DP), ``"dp"`` (exact, full table, refuses large ones),
-            ``"greedy"`` (ratio heuristic) or ``"ilp"`` (exact via scipy's MILP).
+        method: ``"auto"`` (exact: reductions, or the sparse frontier with caps, then the dense
+            O(W) path), ``"hirschberg"`` (exact, the dense O(W)-memory DP alone), ``"dp"`` (exact,
+            full table, refuses large ones), ``"greedy"`` (ratio heuristic) or ``"ilp"`` (exact via
+            scipy's MILP); with caps only ``"auto"`` and ``"hirschberg"``.
         workers: Processes for the exact O(W) paths, capped (with a warning) at the CPUs this
             process may use; the answer does not depend on it.
         options: Tunables (``SolverOptions``; None: the defaults); the answer does not depend
             on them either.
         prefix_capacities: Per item ``i``, the most the chosen items before ``i`` (in the given
-            order) may weigh (integral, >= 0); only ``"auto"`` (a sparse frontier DP first, then the
-            dense one) and ``"hirschberg"`` (dense O(W) only) take it. With ``skip_capacities`` it
-            binds only when item ``i`` is chosen.
+            order) may weigh (integral, >= 0); only ``"auto"`` and ``"hirschberg"`` take it. With
+            ``skip_capacities`` it binds only when item ``i`` is chosen.
         skip_capacities: Per item ``i``, the most the chosen items before ``i`` may weigh when
             ``i`` is not chosen (default: ``prefix_capacities``).
 
@@ -142,6 +155,9 @@ def solve_knapsack(
         (0, 1)
         >>> solve_knapsack([2, 3, 4], [3.0, 4.0, 7.5], 5, **caps).chosen
         (2,)
+        >>> dense = solve_knapsack([2, 3, 4], [3.0, 4.0, 7.5], 5, method="hirschberg", **caps)
+        >>> dense.chosen, dense.stats.cell_updates  # the same set from the dense capped path's profiles
+        ((2,), 18)
     """
     weight_array, value_array, capacity = validate_inputs(weights, values, capacity, method, workers)
     caps = validate_caps(prefix_capacities, skip_capacities, len(weight_array), capacity, method)
@@ -150,9 +166,19 @@ def solve_knapsack(
     n = len(weight_array)
     stats = SolveStats(method, KERNEL, n, capacity, core_items=n, core_capacity=capacity)
     if caps is not None:
-        return _solve_with_caps(weight_array, value_array, capacity, caps, stats, workers, options)
-    if method in ("auto", "hirschberg"):
-        chosen, stats = _solve_exact(weight_array, value_array, capacity, stats, workers, options)
+        chosen, stats = _solve_with_caps(weight_array, value_array, capacity, caps, stats, workers, options)
+    elif method in ("auto", "hirschberg"):
+        dense = solve_uncapped(
+            weight_array, value_array, capacity, use_lp=method == "auto", workers=workers, options=options
+        )
+        chosen = dense.chosen
+        stats = dataclasses.replace(
+            stats,
+            core_items=dense.core_items,
+            core_capacity=dense.core_capacity,
+            cell_updates=dense.cells,
+            workers_used=dense.workers_used,
+        )
     elif method == "dp":
         chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)
     elif method == "ilp":
@@ -174,70 +200,21 @@ def _solve_with_caps(
     stats: SolveStats,
     workers: int,
     options: SolverOptions,
-) -> KnapsackResult:
-    """The capped solver (``capped.py``): for ``"auto"`` the frontier DP in this thread (numpy, short
-    steps), then the dense one in a helper thread (Ctrl-C stops it); a last guard that no cap is broken."""
-    chosen, cells, used, core_capacity = np.zeros(0, dtype=np.bool_), 0, 1, 0
-    if len(weights):
-        answer = None
-        if stats.method == "auto":  # "hirschberg": the dense path only
-            answer = capped.solve_capped(weights, values, capacity, *caps, workers, options, dense=False)
-        if answer is None:
-            stop = interrupt.new_stop_flag()
-            solve = lambda: capped.solve_capped(  # noqa: E731
-                weights, values, capacity, *caps, workers, options, sparse_first=False, stop=stop
-            )
-            answer = interrupt.run_interruptibly(solve, stop, uses_workers=workers > 1)
-        chosen, cells, used, core_capacity = answer
-    broken = capped.cap_violation(weights, chosen, capacity, *caps)
+) -> tuple[np.ndarray, SolveStats]:
+    """The capped engine (``capped/``; ``"auto"``: the frontier first), then a last guard that no cap
+    is broken: the chosen mask and the completed stats."""
+    if not len(weights):
+        return np.zeros(0, dtype=np.bool_), dataclasses.replace(stats, core_capacity=0)
+    sparse_first = stats.method == "auto"  # "hirschberg": the dense path only
+    answer = solve_capped(
+        weights, values, capacity, *caps, sparse_first=sparse_first, workers=workers, options=options
+    )
+    broken = cap_violation(weights, answer.chosen, capacity, *caps)
     if broken is not None:
         raise AssertionError(f"solver {stats.method!r} with prefix capacities: {broken}")
-    stats = dataclasses.replace(stats, core_capacity=core_capacity, cell_updates=cells, workers_used=used)
-    return _result(weights, values, chosen, stats)
-
-
-def _solve_exact(
-    weights: np.ndarray,
-    values: np.ndarray,
-    capacity: int,
-    stats: SolveStats,
-    workers: int,
-    options: SolverOptions,
-) -> tuple[np.ndarray, SolveStats]:
-    """Reductions, then Hirschberg on what is left: the chosen mask and the completed stats."""
-    core = reduce_instance(weights, values, capacity, use_lp=stats.method == "auto")
-    n, cap = len(core.weights), core.capacity
-    mask, cells, used = np.zeros(n, dtype=np.bool_), 0, 1
-    if n and cap:
-        mask, cells, used = _solve_core(core, workers, options)
-    chosen = np.zeros(len(weights), dtype=np.bool_)
-    chosen[core.expand(mask)] = True
-    return chosen, dataclasses.replace(
-        stats, core_items=n, core_capacity=cap, cell_updates=cells, workers_used=used
+    return answer.chosen, dataclasses.replace(
+        stats, core_capacity=answer.core_capacity, cell_updates=answer.cells, workers_used=answer.workers_used
     )
-
-
-def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.ndarray, int, int]:
-    """Hirschberg on the reduced instance: ``(chosen mask, cell updates, processes used)``.
-
-    It runs in a helper thread, so that Ctrl-C stops it (and its workers) at once.
-    """
-    n, cap = len(core.weights), core.capacity
-    floats = hirschberg.arena_size(cap, n, options)
-    advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
-    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})", advice)
-    stop = interrupt.new_stop_flag()
-    if workers > 1 and n * (cap + 1) >= options.parallel_min_solve_cells:
-        shared = interrupt.run_interruptibly(
-            lambda: parallel.solve_on_workers(core.weights, core.values, cap, floats, workers, options, stop),
-            stop,
-            uses_workers=True,
-        )
-        if shared is not None:
-            return *shared, workers
-    executor = hirschberg.LocalExecutor(core.weights, core.values, np.empty(floats), options, stop)
-    solve = lambda: hirschberg.solve_segments(core.weights, core.values, cap, executor, options)  # noqa: E731
-    return *interrupt.run_interruptibly(solve, stop), 1
 
 
 def _usable_workers(workers: int) -> int:

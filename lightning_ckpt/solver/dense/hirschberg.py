@@ -18,7 +18,8 @@ Two things make it cheaper than the textbook version, without changing any numbe
   same profile), and only the right half is computed.
 
 Segments are processed level by level (an explicit work list: no recursion limit). All the
-tasks of a level are independent, which is what ``parallel.py`` runs on several processes.
+tasks of a level are independent: an executor (``runtime.pool``) runs them in this process or on
+several (the *parallel halves*: the two passes of a split, and independent segments, at once).
 
 Memory: one float64 arena of ``3 * (W + n)`` entries holds every profile and checkpoint (24
 bytes per capacity unit with the default ``SolverOptions.checkpoint_share``; checkpoints that do
@@ -27,6 +28,7 @@ KiB by default). Peak extra memory: 24 bytes per capacity unit + 512 KiB per pro
 bytes per unit with the numpy fallback's temporary copy).
 
 Example:
+    >>> from lightning_ckpt.solver.runtime.pool import LocalExecutor
     >>> w, v = np.array([1, 1, 1]), np.array([1.0, 1.0, 1.0])
     >>> chosen, cells = solve_segments(w, v, 1, LocalExecutor(w, v, np.empty(arena_size(1, 3))))
     >>> chosen.tolist()
@@ -38,18 +40,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
+from lightning_ckpt.solver.dense.profile import best_split, cell_updates, profile, solve_leaf
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
-from lightning_ckpt.solver.value_profile import best_split, cell_updates, profile, solve_leaf
+from lightning_ckpt.solver.runtime.pool import Executor, RangeTask
 
-__all__ = ["Task", "LocalExecutor", "arena_size", "solve_segments", "run_task", "split_point"]
+__all__ = ["Task", "arena_size", "solve_segments", "split_point"]
 
 
 @dataclass(frozen=True)
-class Task:
+class Task(RangeTask):
     """One unit of work on items ``lo:hi`` at ``capacity``, using ``arena[offset:]``.
 
     A profile task with ``save_at >= 0`` also saves the profile of items ``lo:save_at`` into
@@ -65,10 +68,38 @@ class Task:
     save_offset: int = 0
     save_len: int = 0
 
-    @property
-    def cells(self) -> int:
-        """Upper bound on DP cell updates (for scheduling)."""
-        return (self.hi - self.lo) * (self.capacity + 1)
+    def run(
+        self,
+        weights: np.ndarray,
+        values: np.ndarray,
+        arena: np.ndarray,
+        stop: np.ndarray | None = None,
+        grouping: tuple[int, int, int] = DEFAULT_OPTIONS.grouping,
+    ) -> np.ndarray | None:
+        """Run in this process: fill the profile (returns None) or solve the leaf (returns its mask).
+
+        ``grouping`` is ``SolverOptions.grouping``, for the profile kernel; ``stop`` a flag from
+        ``interrupt.new_stop_flag`` (``SolveStopped`` is raised once it is set).
+        """
+        out = arena[self.offset : self.offset + self.capacity + 1]
+        items = slice(self.lo, self.hi)
+        if self.kind == "leaf":
+            return solve_leaf(weights[items], values[items], self.capacity, out, stop)
+        saved, save_at = None, None
+        if self.save_at >= 0:
+            saved = arena[self.save_offset : self.save_offset + self.save_len]
+            save_at = self.save_at - self.lo
+        profile(
+            weights[items],
+            values[items],
+            self.capacity,
+            out,
+            save_at=save_at,
+            saved=saved,
+            grouping=grouping,
+            stop=stop,
+        )
+        return None
 
 
 class Segment(NamedTuple):
@@ -82,68 +113,6 @@ class Segment(NamedTuple):
     mid: int = -1
     saved_offset: int = 0
     saved_len: int = 0
-
-
-class Executor(Protocol):
-    arena: np.ndarray
-
-    def run(self, tasks: list[Task]) -> list[np.ndarray | None]: ...
-
-
-def run_task(
-    weights: np.ndarray,
-    values: np.ndarray,
-    arena: np.ndarray,
-    task: Task,
-    grouping: tuple[int, int, int] = DEFAULT_OPTIONS.grouping,
-    stop: np.ndarray | None = None,
-) -> np.ndarray | None:
-    """Run one task in this process: fill a profile (returns None) or solve a leaf (a mask).
-
-    ``grouping`` is ``SolverOptions.grouping``, for the profile kernel; ``stop`` a flag from
-    ``value_profile.new_stop_flag`` (``SolveStopped`` is raised once it is set). A task of another
-    kind (``capped.CappedTask``) runs itself.
-    """
-    if not isinstance(task, Task):
-        return task.run(weights, values, arena, stop)
-    out = arena[task.offset : task.offset + task.capacity + 1]
-    items = slice(task.lo, task.hi)
-    if task.kind == "leaf":
-        return solve_leaf(weights[items], values[items], task.capacity, out, stop)
-    saved, save_at = None, None
-    if task.save_at >= 0:
-        saved = arena[task.save_offset : task.save_offset + task.save_len]
-        save_at = task.save_at - task.lo
-    profile(
-        weights[items],
-        values[items],
-        task.capacity,
-        out,
-        save_at=save_at,
-        saved=saved,
-        grouping=grouping,
-        stop=stop,
-    )
-    return None
-
-
-class LocalExecutor:
-    """Runs tasks one after another in this process (with ``options.grouping``; ``stop``: as
-    for ``run_task``)."""
-
-    def __init__(
-        self,
-        weights: np.ndarray,
-        values: np.ndarray,
-        arena: np.ndarray,
-        options: SolverOptions = DEFAULT_OPTIONS,
-        stop: np.ndarray | None = None,
-    ) -> None:
-        self.weights, self.values, self.arena = weights, values, arena
-        self.grouping, self.stop = options.grouping, stop
-
-    def run(self, tasks: list[Task]) -> list[np.ndarray | None]:
-        return [run_task(self.weights, self.values, self.arena, t, self.grouping, self.stop) for t in tasks]
 
 
 def arena_size(capacity: int, n_items: int, options: SolverOptions = DEFAULT_OPTIONS) -> int:

@@ -1,4 +1,8 @@
-"""Run a long solve so that Ctrl-C reaches the caller at once.
+"""The stop flag and the helper thread: a long solve that Ctrl-C stops at once.
+
+Every kernel of every engine takes a *stop flag* (``new_stop_flag``: a one-entry uint8 array, shared
+with no other solve) and checks it between items; once ``flag[0]`` is set it returns early, its
+work unfinished, and its caller raises ``SolveStopped`` (``raise_if_stopped``).
 
 A numba kernel releases the GIL and does not return to Python for seconds, so a SIGINT would
 wait for it. The work runs in a helper thread instead; this (the main) thread only waits, in
@@ -10,6 +14,12 @@ The helper thread owns every resource of the solve (arena, pool) and frees them 
 Example:
     >>> run_interruptibly(lambda: 6 * 7, new_stop_flag())
     42
+    >>> stop = new_stop_flag()
+    >>> stop[0] = 1
+    >>> raise_if_stopped(stop)
+    Traceback (most recent call last):
+    ...
+    lightning_ckpt.solver.runtime.interrupt.SolveStopped: the solve was stopped
 """
 
 from __future__ import annotations
@@ -20,15 +30,29 @@ from typing import TypeVar
 
 import numpy as np
 
-from lightning_ckpt.solver import workers
-from lightning_ckpt.solver.value_profile import new_stop_flag
+from lightning_ckpt.solver.runtime import workers
 
-__all__ = ["JOIN_POLL_S", "new_stop_flag", "run_interruptibly"]
+__all__ = ["JOIN_POLL_S", "SolveStopped", "new_stop_flag", "raise_if_stopped", "run_interruptibly"]
 
 JOIN_POLL_S = 0.05
 """Seconds between the waiting thread's checks for a pending signal."""
 
 T = TypeVar("T")
+
+
+class SolveStopped(Exception):
+    """A kernel returned early, its work unfinished, because its stop flag was set."""
+
+
+def new_stop_flag() -> np.ndarray:
+    """A one-entry array the kernels poll between items: set ``flag[0] = 1`` to stop them."""
+    return np.zeros(1, dtype=np.uint8)
+
+
+def raise_if_stopped(stop: np.ndarray) -> None:
+    """Raise ``SolveStopped`` once ``stop[0]`` is set."""
+    if stop[0]:
+        raise SolveStopped("the solve was stopped")
 
 
 def run_interruptibly(work: Callable[[], T], stop: np.ndarray | None, *, uses_workers: bool = False) -> T:

@@ -32,8 +32,6 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from lightning_ckpt.solver.hirschberg import run_task
-
 __all__ = ["IDLE_RELEASE_S", "WorkerDied", "borrowed", "kill_workers", "live_worker_pids", "shutdown_workers"]
 
 IDLE_RELEASE_S = 10.0
@@ -41,9 +39,9 @@ IDLE_RELEASE_S = 10.0
 
 _WORKER_CODE = (
     "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-    "from lightning_ckpt.solver.workers import worker_main; worker_main({fd})"
+    "from lightning_ckpt.solver.runtime.workers import worker_main; worker_main({fd})"
 )
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PACKAGE_PARENT = os.path.normpath(os.path.join(os.path.abspath(__file__), *[os.pardir] * 4))
 
 
 class WorkerDied(RuntimeError):
@@ -217,7 +215,9 @@ def _attach(fd_socket: socket.socket, n_floats: int) -> tuple[mmap.mmap, np.ndar
 
 def _handle(message: tuple, state: dict) -> object:
     """Serve one ``attach``, ``detach``, ``task`` or ``ping`` request; ``state`` keeps what
-    ``attach`` brought (and the socket its descriptor arrives on)."""
+    ``attach`` brought (and the socket its descriptor arrives on). A task is any engine's task
+    object: its ``run(weights, values, arena, grouping=...)`` computes it (unpickling it imports
+    its engine's module)."""
     kind = message[0]
     if kind == "ping":
         return "pong"
@@ -232,7 +232,7 @@ def _handle(message: tuple, state: dict) -> object:
             state.pop(key)
         mapping.close()
         return None
-    return run_task(state["weights"], state["values"], state["arena"], message[1], state["grouping"])
+    return message[1].run(state["weights"], state["values"], state["arena"], grouping=state["grouping"])
 
 
 PARENT_POLL_S = 0.5

@@ -1,17 +1,31 @@
-"""Hirschberg tasks on worker processes sharing one anonymous-memory arena.
+"""Where an engine's tasks run: this process alone, or worker processes sharing one arena.
 
-The arena (every W-sized profile) is a ``memfd`` (``os.memfd_create``): anonymous shared
-memory with no name in ``/dev/shm``, handed to each worker as a file descriptor (see
-``workers.py``) and freed by the kernel when the last process holding it exits, however it
-exits (SIGKILL included). Its pages are reserved up front (``posix_fallocate``), so a machine
-without room refuses at once (the solve then runs in one process, with one warning) instead of
-dying of SIGBUS when a page is first touched. Tasks carry only item ranges, capacities and
-offsets, never W-sized arrays.
+Both dense engines (uncapped and capped Hirschberg) cut a solve into levels of independent tasks,
+each a profile pass (or a small leaf) over a range of items in a slice of one float64 *arena*.
+A task is any object with ``cells`` (its size, for scheduling; ``RangeTask``) and ``run(weights,
+values, arena, stop=None, grouping=...)``. An executor runs a level's tasks and returns their results in order:
 
-With ``workers=N`` there are ``N - 1`` worker processes; the calling process is the N-th and
-runs tasks too. Tasks smaller than ``SolverOptions.parallel_min_task_cells`` stay in the calling
-process. The options travel to the workers with each solve (for the kernel's grouping).
-Results do not depend on which process ran a task (same kernel, same arithmetic).
+- ``LocalExecutor``: one after another in this process, in ordinary memory;
+- ``PoolExecutor``: on ``N - 1`` worker processes (``workers.py``) plus this one, biggest first,
+  the arena in shared memory. Tasks smaller than ``SolverOptions.parallel_min_task_cells`` stay in
+  the calling process. Results do not depend on which process ran a task (same kernel, same
+  arithmetic).
+
+The shared arena is a ``memfd`` (``os.memfd_create``): anonymous shared memory with no name in
+``/dev/shm``, handed to each worker as a file descriptor and freed by the kernel when the last
+process holding it exits, however it exits (SIGKILL included). Its pages are reserved up front
+(``posix_fallocate``), so a machine without room refuses at once (the solve then runs in one
+process, with one warning) instead of dying of SIGBUS when a page is first touched. Tasks carry
+only item ranges, capacities, offsets and caps, never W-sized arrays; the options travel to the
+workers with each solve (for the kernel's grouping).
+
+Example:
+    >>> class Double:
+    ...     cells = 1
+    ...     def run(self, weights, values, arena, stop=None, grouping=None):
+    ...         return 2 * weights
+    >>> LocalExecutor(np.arange(3), np.ones(3), np.empty(0)).run([Double()])[0].tolist()
+    [0, 2, 4]
 """
 
 from __future__ import annotations
@@ -21,17 +35,49 @@ import os
 import select
 import warnings
 from collections import deque
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import numpy as np
 
-from lightning_ckpt.solver import hirschberg, workers
-from lightning_ckpt.solver.hirschberg import Task, run_task
-from lightning_ckpt.solver.options import SolverOptions
-from lightning_ckpt.solver.value_profile import raise_if_stopped
+from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
+from lightning_ckpt.solver.runtime import workers
+from lightning_ckpt.solver.runtime.interrupt import raise_if_stopped
 
-__all__ = ["SharedArena", "PoolExecutor", "shared_arena", "solve_on_workers"]
+__all__ = [
+    "Executor",
+    "LocalExecutor",
+    "PoolExecutor",
+    "RangeTask",
+    "SharedArena",
+    "shared_arena",
+    "solve_on_workers",
+]
 
 _POLL_S = 0.05  # seconds between checks of the stop flag while waiting for workers
+
+T = TypeVar("T")
+
+
+class RangeTask:
+    """What a task over items ``lo:hi`` at ``capacity`` shares (mixed into each engine's task class):
+    its size, for scheduling. The engine's class adds ``run(weights, values, arena, stop=None,
+    grouping=...)``."""
+
+    lo: int
+    hi: int
+    capacity: int
+
+    @property
+    def cells(self) -> int:
+        """DP cells one pass over the range updates at most (for scheduling)."""
+        return (self.hi - self.lo) * (self.capacity + 1)
+
+
+class Executor(Protocol):
+    arena: np.ndarray
+
+    def run(self, tasks: list) -> list[np.ndarray | None]: ...
 
 
 class SharedArena:
@@ -78,13 +124,32 @@ def shared_arena(n_floats: int) -> SharedArena | None:
         return None
 
 
+class LocalExecutor:
+    """Runs tasks one after another in this process (with ``options.grouping``; ``stop``: a flag
+    from ``interrupt.new_stop_flag``, or None)."""
+
+    def __init__(
+        self,
+        weights: np.ndarray,
+        values: np.ndarray,
+        arena: np.ndarray,
+        options: SolverOptions = DEFAULT_OPTIONS,
+        stop: np.ndarray | None = None,
+    ) -> None:
+        self.weights, self.values, self.arena = weights, values, arena
+        self.grouping, self.stop = options.grouping, stop
+
+    def run(self, tasks: list) -> list[np.ndarray | None]:
+        return [t.run(self.weights, self.values, self.arena, self.stop, self.grouping) for t in tasks]
+
+
 class PoolExecutor:
     """Runs a level's tasks on worker processes plus this one, biggest first.
 
     Use as a context manager: it attaches the workers to the shared arena (and hands them the
     items and ``options``) on entry, and detaches them on a clean exit (after a failure the
     pool kills them anyway). Tasks below ``options.parallel_min_task_cells`` cells run in this
-    process, polling ``stop`` (a flag from ``value_profile.new_stop_flag``).
+    process, polling ``stop`` (a flag from ``interrupt.new_stop_flag``).
     """
 
     def __init__(
@@ -115,7 +180,7 @@ class PoolExecutor:
             for worker in self._workers:
                 worker.call(("detach",))
 
-    def run(self, tasks: list[Task]) -> list[np.ndarray | None]:
+    def run(self, tasks: list) -> list[np.ndarray | None]:
         order = sorted(range(len(tasks)), key=lambda i: -tasks[i].cells)
         pending = deque(i for i in order if tasks[i].cells >= self.min_cells)
         local = [i for i in order if tasks[i].cells < self.min_cells]
@@ -129,9 +194,8 @@ class PoolExecutor:
                 busy[worker.proc.stdout.fileno()] = (worker, index)
             if pending or local:
                 index = local.pop(0) if local else pending.popleft()
-                task = tasks[index]
-                results[index] = run_task(
-                    self.weights, self.values, self.arena, task, self.grouping, self.stop
+                results[index] = tasks[index].run(
+                    self.weights, self.values, self.arena, self.stop, self.grouping
                 )
             for fd in _ready(busy, block=not (pending or local)):
                 worker, index = busy.pop(fd)
@@ -150,22 +214,22 @@ def _ready(busy: dict, block: bool) -> list[int]:
 def solve_on_workers(
     weights: np.ndarray,
     values: np.ndarray,
-    capacity: int,
     n_floats: int,
     count: int,
     options: SolverOptions,
     stop: np.ndarray,
-) -> tuple[np.ndarray, int] | None:
-    """``hirschberg.solve_segments`` on ``count`` processes (this one included), or None (one
-    warning) where the shared arena has no room."""
+    solve: Callable[[PoolExecutor], T],
+) -> T | None:
+    """``solve(executor)`` on ``count`` processes (this one included) sharing an arena of ``n_floats``
+    entries, or None (one warning) where the shared arena has no room."""
     arena = shared_arena(n_floats)
     if arena is None:
         return None
     try:
         with (
             workers.borrowed(count - 1) as pool,
-            PoolExecutor(weights, values, arena, pool, options, stop) as ex,
+            PoolExecutor(weights, values, arena, pool, options, stop) as executor,
         ):
-            return hirschberg.solve_segments(weights, values, capacity, ex, options)
+            return solve(executor)
     finally:
         arena.close()

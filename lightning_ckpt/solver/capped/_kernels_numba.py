@@ -1,10 +1,10 @@
-"""Numba twins of ``capped_profile``'s item updates: compiled loops, bit-identical results.
+"""Numba twins of ``profile.py``'s item updates: compiled loops, bit-identical results.
 
 Each cell takes the larger of the same two sums as the numpy version (``-inf`` where a cap or the
 capacity forbids a choice). Forward profiles update cells downward, backward ones upward, so every
 read sees the profile before the item. Each kernel returns early, its profile unfinished, once
-``stop[0]`` is set (checked before each item). Imported only for large problems (see
-``capped_profile``).
+``stop[0]`` is set (checked before each item). Imported only for large problems (``runtime.backend``
+decides).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_ckpt.solver.chain_bound import ChainDual, StateBounds, chain_dual, suffix_caps
+from lightning_ckpt.solver.capped.chain_bound import ChainDual, StateBounds, chain_dual, suffix_caps
 
 __all__ = ["solve_sparse"]
 

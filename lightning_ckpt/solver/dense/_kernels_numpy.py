@@ -1,4 +1,4 @@
-"""Pure-numpy DP kernels: the fallback when numba is unavailable (see ``value_profile.py``).
+"""Pure-numpy DP kernels: the fallback when numba is unavailable (see ``profile.py``).
 
 Every function here computes exactly what its twin in ``_kernels_numba.py`` computes, bit for
 bit (same float operations in the same order per cell).
@@ -21,7 +21,7 @@ def extend(
     stop: np.ndarray,
 ) -> int:
     """Apply the items to ``out``, whose entries ``0..reach`` hold a profile; return the new
-    reach (see ``value_profile.profile``; entries above it are left unfilled). Returns early,
+    reach (see ``profile.profile``; entries above it are left unfilled). Returns early,
     the profile unfinished, once ``stop[0]`` is set (checked before each item).
 
     The grouping (window, items, tile of the numba kernel's grouped sweep) is ignored here:

@@ -1,4 +1,4 @@
-"""Value profiles of a knapsack with prefix capacities: the DP under the capped Hirschberg solver.
+"""Value profiles of a knapsack with prefix capacities: the DP under the dense capped engine.
 
 Items come in a fixed order. Item ``j`` carries two caps on the chosen weight of the items before
 it: ``take[j]`` when it is chosen, ``skip[j]`` when it is not (a cap below 0 forbids that choice).
@@ -12,10 +12,12 @@ Two profiles, over a segment's relative capacity ``0..C``:
   ``h'[x] = max(h[x] if x <= skip, h[x + w] + v if x <= take)``: the caps ride along.
 
 Infeasible entries are ``-inf``. Each item costs O(C) time; a profile is C + 1 floats. Every
-function takes an optional ``stop`` flag (``value_profile.new_stop_flag``), checked before each item:
+function takes an optional ``stop`` flag (``interrupt.new_stop_flag``), checked before each item:
 once it is set they return early, their profile unfinished, and the caller raises. The pure
-numpy versions here serve small calls without loading numba; ``_kernels_capped_numba`` does the
-same arithmetic in compiled loops for large ones (bit-identical: one max of two sums per cell).
+numpy versions here serve small calls without loading numba; ``_kernels_numba`` does the same
+arithmetic in compiled loops for large ones (bit-identical: one max of two sums per cell), for the
+backward profile and the leaves (the forward profile always runs here, in numpy).
+``runtime.backend`` chooses, with the same rule as the uncapped engine's.
 
 Example:
     >>> f = np.zeros(6)  # items of weight 2 and 3, value 1 and 2; item 1 only if item 0 weighs <= 0
@@ -28,23 +30,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_ckpt.solver import _kernels_numpy, value_profile
+from lightning_ckpt.solver.runtime import backend
+from lightning_ckpt.solver.runtime.interrupt import new_stop_flag
 
 __all__ = ["backward", "forward", "solve_leaf"]
 
 NEG = -np.inf
-
-
-def _compiled(cells: int):
-    """The numba twins for a call of ``cells`` cells, or None for numpy (the same rule as
-    ``value_profile``: numpy while small and numba not yet loaded, or when numba is off)."""
-    if value_profile._backend(cells) is _kernels_numpy:
-        return None
-    try:
-        from lightning_ckpt.solver import _kernels_capped_numba
-    except ImportError:  # numba present but broken
-        return None
-    return _kernels_capped_numba
 
 
 def _as_arrays(weights, values, take, skip) -> tuple[np.ndarray, ...]:
@@ -81,7 +72,7 @@ def forward_item(f: np.ndarray, w: int, v: float, take: int, skip: int) -> None:
 
 
 def _flag(stop: np.ndarray | None) -> np.ndarray:
-    return value_profile.new_stop_flag() if stop is None else stop
+    return new_stop_flag() if stop is None else stop
 
 
 def forward(
@@ -117,7 +108,7 @@ def backward(
         [5.0, 5.0, 0.0, 0.0]
     """
     size, stop = len(h), _flag(stop)
-    compiled = _compiled(len(weights) * size)
+    compiled = backend.compiled(len(weights) * size, backend.CAPPED_NUMBA)
     if compiled is not None:
         compiled.backward(*_as_arrays(weights, values, take, skip), h, stop)
         return
@@ -152,7 +143,7 @@ def solve_leaf(
     """
     n, size, stop = len(weights), len(f), _flag(stop)
     took = np.zeros((n, size), dtype=np.bool_)
-    compiled = _compiled(n * size)
+    compiled = backend.compiled(n * size, backend.CAPPED_NUMBA)
     if compiled is not None:
         compiled.fill_leaf(*_as_arrays(weights, values, take, skip), f, took, stop)
         return backtrack(weights, take, skip, took, size - 1)

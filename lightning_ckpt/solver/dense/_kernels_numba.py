@@ -1,7 +1,7 @@
 """Numba DP kernels: fused, in-place, GIL-free, compiled once and cached on disk.
 
-Importing this module raises ``ImportError`` when numba is missing; ``value_profile.py`` then falls
-back to ``_kernels_numpy``. Results are bit-identical to the numpy twins.
+Importing this module raises ``ImportError`` when numba is missing; ``profile.py`` then falls
+back to ``_kernels_numpy`` (``runtime.backend`` decides). Results are bit-identical to the numpy twins.
 
 The per-item update ``dp[j] = max(dp[j], dp[j - w] + v)`` must read the profile *before* the
 item. Scanning ``j`` downward guarantees that; equivalently, blocks of at most ``w`` entries
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from lightning_ckpt.solver import _kernels_numpy
+from lightning_ckpt.solver.dense import _kernels_numpy
 
 _jit = numba.njit(cache=True, nogil=True)
 

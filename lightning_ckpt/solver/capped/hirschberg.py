@@ -1,0 +1,164 @@
+"""The dense capped engine: Hirschberg over capped value profiles, exact in O(W) memory.
+
+A *segment* is items ``lo:hi`` when the chosen items before ``lo`` weigh at most ``P`` and those
+through ``hi - 1`` at most ``E``: a capped knapsack of capacity ``C = E - P`` whose caps are the
+items' caps less ``P``. A large segment splits at ``mid``: the forward profile ``F`` of ``lo:mid``
+and the backward profile ``B`` of ``mid:hi`` (``profile.py``), both over ``0..C``, give
+``x* = argmax_x F[x] + B[x]`` (first maximum); the halves become ``(lo, mid, P, P + x*)`` and
+``(mid, hi, P + x*, E)``. The left half may end lighter than ``x*``; the right half's caps only
+loosen then, so the pair stays feasible and optimal. The halves' capacities sum to C (no unit
+leaks), and their profiles are independent: ``workers`` computes them in parallel (``runtime.pool``),
+with the same split rule for any ``workers`` (the same answer). A segment of at most
+``SolverOptions.leaf_max_cells`` cells (or one item) is a *leaf*: a forward pass recording a decision
+bit per item and capacity, then a backtrack.
+
+When it runs: for ``method="hirschberg"`` with prefix capacities, always; for ``"auto"``, only when the
+sparse frontier (``frontier.py``) gives up past ``solve.SPARSE_MAX_ENTRIES`` (4,194,304) entries. It is
+the guarantee that a capped solve needs O(W) memory (two profiles of ``C + 1`` floats, 16 bytes per
+capacity unit) however large the frontier would grow. Measured on 2026-12-01 (``python -m
+benchmarks.bench.frontier_sizes``, 2-core VM, shared): no plan reached it. Over 38 capped solves (the
+offline planner on every config in ``configs/`` at five budgets from the minimum to the unchecked
+peak; the ``benchmarks.bench.fresh`` instances at n = 200 to 2000, among them the profiled mixed-width
+stacks of ``benchmarks.bench.plan_instance`` at three budgets) the largest frontier held 234,042
+entries (synthetic family P, n = 2000; 5.6% of the handover), the largest of a profiled plan 62,118
+(1,000 blocks; 1.5%), of a config 1,218 (GPT-2 XL, 48 blocks). It stays for the memory guarantee.
+
+Example:
+    >>> w, v = np.array([1, 1, 1]), np.array([1.5, 2.0, 3.0])
+    >>> mask, cells, used = solve_dense(w, v, 2, np.array([2, 2, 0]), np.array([2, 2, 2]), 1)
+    >>> mask.tolist()  # item 2 only with nothing before it: items 0 and 1 (3.5) beat it alone
+    [True, True, False]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from lightning_ckpt.solver.capped import profile
+from lightning_ckpt.solver.fits import check_fits
+from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
+from lightning_ckpt.solver.runtime import pool
+from lightning_ckpt.solver.runtime.interrupt import new_stop_flag, raise_if_stopped
+from lightning_ckpt.solver.runtime.pool import RangeTask
+
+__all__ = ["CappedTask", "solve_dense"]
+
+
+@dataclass(frozen=True)
+class CappedTask(RangeTask):
+    """A forward or backward profile of items ``lo:hi`` over ``0..capacity``, or a leaf to solve,
+    in ``arena[offset:offset + capacity + 1]``; ``take`` and ``skip`` are the items' caps there."""
+
+    kind: str  # "forward", "backward" or "leaf"
+    lo: int
+    hi: int
+    capacity: int
+    offset: int
+    take: np.ndarray
+    skip: np.ndarray
+
+    def run(
+        self,
+        weights: np.ndarray,
+        values: np.ndarray,
+        arena: np.ndarray,
+        stop: np.ndarray | None = None,
+        grouping: tuple[int, int, int] | None = None,
+    ) -> np.ndarray | None:
+        """Fill the profile (returns None) or solve the leaf (returns its mask), in this process;
+        ``stop`` (``interrupt.new_stop_flag``) is checked before every item (``SolveStopped``).
+        ``grouping`` (the uncapped kernel's) is not used."""
+        out = arena[self.offset : self.offset + self.capacity + 1]
+        items = (weights[self.lo : self.hi], values[self.lo : self.hi], self.take, self.skip)
+        if self.kind == "leaf":
+            mask = profile.solve_leaf(*items, out, stop)
+        else:
+            out[:] = 0.0
+            (profile.forward if self.kind == "forward" else profile.backward)(*items, out, stop)
+            mask = None
+        if stop is not None:
+            raise_if_stopped(stop)
+        return mask
+
+
+class _Segment(NamedTuple):
+    lo: int
+    hi: int
+    before: int  # P: the chosen items before ``lo`` weigh at most this
+    through: int  # E: those through ``hi - 1`` at most this
+    offset: int
+
+
+def solve_dense(
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    take: np.ndarray,
+    skip: np.ndarray,
+    count: int,
+    options: SolverOptions = DEFAULT_OPTIONS,
+    stop: np.ndarray | None = None,
+) -> tuple[np.ndarray, int, int]:
+    """The best set of a capped knapsack (caps clipped to ``capacity``): ``(chosen mask, DP cells,
+    processes)``. ``count`` processes (this one included) compute the profiles when the instance has
+    at least ``options.parallel_min_solve_cells`` cells; ``stop`` is checked before every item.
+
+    Raises:
+        MemoryError: when the two profiles do not fit in the available memory.
+    """
+    stop = new_stop_flag() if stop is None else stop
+    floats = 2 * (capacity + len(weights))
+    advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
+    check_fits(8 * floats, None, f"the capped O(W) solver's profiles (capacity {capacity})", advice)
+    solve = lambda executor: _solve_segments(weights, capacity, take, skip, executor, options)  # noqa: E731
+    if count > 1 and len(weights) * (capacity + 1) >= options.parallel_min_solve_cells:
+        shared = pool.solve_on_workers(weights, values, floats, count, options, stop, solve)
+        if shared is not None:
+            return *shared, count
+    return *solve(pool.LocalExecutor(weights, values, np.empty(floats), options, stop)), 1
+
+
+def _tasks(seg: _Segment, take: np.ndarray, skip: np.ndarray, leaf_max_cells: int) -> list[CappedTask]:
+    """A leaf, or the two profiles of a split at the middle item."""
+    lo, hi, cap = seg.lo, seg.hi, seg.through - seg.before
+    caps = (take[lo:hi] - seg.before, skip[lo:hi] - seg.before)
+    if hi - lo == 1 or (hi - lo) * (cap + 1) <= leaf_max_cells:
+        return [CappedTask("leaf", lo, hi, cap, seg.offset, *caps)]
+    mid = (lo + hi) // 2
+    left = CappedTask("forward", lo, mid, cap, seg.offset, caps[0][: mid - lo], caps[1][: mid - lo])
+    right = CappedTask(
+        "backward", mid, hi, cap, seg.offset + cap + 1, caps[0][mid - lo :], caps[1][mid - lo :]
+    )
+    return [left, right]
+
+
+def _children(seg: _Segment, arena: np.ndarray) -> tuple[_Segment, _Segment]:
+    """Split ``seg`` where its halves' profiles (in the arena) sum highest."""
+    cap, mid = seg.through - seg.before, (seg.lo + seg.hi) // 2
+    total = arena[seg.offset : seg.offset + cap + 1] + arena[seg.offset + cap + 1 : seg.offset + 2 * cap + 2]
+    split = int(np.argmax(total))
+    left = _Segment(seg.lo, mid, seg.before, seg.before + split, seg.offset)
+    right = _Segment(mid, seg.hi, seg.before + split, seg.through, seg.offset + 2 * (split + mid - seg.lo))
+    return left, right
+
+
+def _solve_segments(weights, capacity, take, skip, executor, options) -> tuple[np.ndarray, int]:
+    """Level by level: run every segment's tasks, then split the segments that were not leaves."""
+    chosen = np.zeros(len(weights), dtype=np.bool_)
+    segments, cells = [_Segment(0, len(weights), 0, capacity, 0)], 0
+    while segments:
+        planned = [(seg, _tasks(seg, take, skip, options.leaf_max_cells)) for seg in segments]
+        tasks = [task for _, seg_tasks in planned for task in seg_tasks]
+        results = iter(executor.run(tasks))
+        segments = []
+        for seg, seg_tasks in planned:
+            masks = [next(results) for _ in seg_tasks]
+            cells += sum(task.cells for task in seg_tasks)
+            if seg_tasks[0].kind == "leaf":
+                chosen[seg.lo : seg.hi] = masks[0]
+            else:
+                segments.extend(_children(seg, executor.arena))
+    return chosen, cells

@@ -1,0 +1,118 @@
+"""The capped engine: an exact knapsack with prefix capacities, sparse frontier first, dense past it.
+
+Item ``j`` may be chosen only while the chosen items before it weigh at most ``take[j]``; when it is
+not chosen they must weigh at most ``skip[j]``; all chosen items at most the capacity W. (A plan's
+peak constraints have this form when the backward frees modules in reverse forward order.)
+
+``solve_knapsack`` runs it whenever ``prefix_capacities`` or ``skip_capacities`` is given (the
+callback's planner always gives them for nested peak points). First, caps are clipped to W, and
+weights, caps and W are divided (floor) by the weights' common divisor. Then:
+
+- ``method="auto"``: the sparse Pareto-frontier DP (``frontier.py``, numpy, in the calling thread),
+  which solves plan-like instances in milliseconds whatever W is; past ``SPARSE_MAX_ENTRIES``
+  frontier entries it gives up and the dense capped Hirschberg (``hirschberg.py``) takes over;
+- ``method="hirschberg"``: the dense capped Hirschberg only.
+
+The dense path runs in a helper thread (``runtime.interrupt``), so that Ctrl-C stops it at once.
+
+Example:
+    >>> w, v = np.array([3, 3, 3]), np.array([1.5, 2.0, 3.0])
+    >>> answer = solve_capped(w, v, 6, np.array([6, 6, 0]), np.array([6, 6, 6]), sparse_first=True)
+    >>> answer.chosen.tolist(), answer.path  # item 2 only with nothing before it: items 0 and 1 (3.5)
+    ([True, True, False], 'frontier')
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from lightning_ckpt.solver.capped import hirschberg
+from lightning_ckpt.solver.capped.frontier import solve_sparse
+from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
+from lightning_ckpt.solver.runtime import interrupt
+
+__all__ = ["SPARSE_MAX_ENTRIES", "CappedAnswer", "cap_violation", "divided", "solve_capped"]
+
+SPARSE_MAX_ENTRIES = 1 << 22
+"""The sparse path gives up past this many frontier entries (all passes together; its history holds
+at most ~32 MB), and the dense capped Hirschberg takes over. With its bounds it stays far below on
+plan-like instances: at most 234,042 entries (5.6%) over the configs' plans and the fresh-process
+instances up to n = 2000 (``python -m benchmarks.bench.frontier_sizes``, 2026-12-01)."""
+
+
+class CappedAnswer(NamedTuple):
+    """What the capped engine found, and how."""
+
+    chosen: np.ndarray
+    """Mask over the instance's items."""
+    cells: int
+    """Frontier entries made (``path == "frontier"``) or DP cells updated (``"dense"``)."""
+    workers_used: int
+    """Processes that computed, this one included."""
+    core_capacity: int
+    """The capacity after dividing by the weights' common divisor."""
+    path: str
+    """``"frontier"`` (the sparse DP answered) or ``"dense"`` (the dense capped Hirschberg did)."""
+
+
+def divided(
+    weights: np.ndarray, capacity: int, take: np.ndarray, skip: np.ndarray
+) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """Weights, capacity and caps divided (floor) by the weights' common divisor, the caps clipped to
+    the capacity: chosen weights are multiples of the divisor, so every bound may be floored.
+
+    Example:
+        >>> w, cap, take, skip = divided(np.array([4, 6]), 13, np.array([20, 7]), np.array([5, 9]))
+        >>> w.tolist(), cap, take.tolist(), skip.tolist()
+        ([2, 3], 6, [6, 3], [2, 4])
+    """
+    divisor = math.gcd(*weights.tolist()) or 1
+    weights, capacity = weights // divisor, capacity // divisor
+    return weights, capacity, np.minimum(take // divisor, capacity), np.minimum(skip // divisor, capacity)
+
+
+def solve_capped(
+    weights: np.ndarray,
+    values: np.ndarray,
+    capacity: int,
+    take: np.ndarray,
+    skip: np.ndarray,
+    *,
+    sparse_first: bool,
+    workers: int = 1,
+    options: SolverOptions = DEFAULT_OPTIONS,
+) -> CappedAnswer:
+    """Solve exactly; caps >= 0. ``sparse_first`` (``"auto"``) tries the frontier DP before the dense
+    one; ``workers`` processes (this one included) compute the dense path's profiles."""
+    weights, capacity, take, skip = divided(weights, capacity, take, skip)
+    if sparse_first:
+        sparse = solve_sparse(weights, values, capacity, take, skip, SPARSE_MAX_ENTRIES)
+        if sparse is not None:
+            return CappedAnswer(*sparse, 1, capacity, "frontier")
+    stop = interrupt.new_stop_flag()
+    solve = lambda: hirschberg.solve_dense(  # noqa: E731
+        weights, values, capacity, take, skip, workers, options, stop
+    )
+    chosen, cells, used = interrupt.run_interruptibly(solve, stop, uses_workers=workers > 1)
+    return CappedAnswer(chosen, cells, used, capacity, "dense")
+
+
+def cap_violation(
+    weights: np.ndarray, chosen: np.ndarray, capacity: int, take: np.ndarray, skip: np.ndarray
+) -> str | None:
+    """What the chosen mask breaks (a sentence), or None when it meets every cap.
+
+    Example:
+        >>> cap_violation(np.array([2, 2]), np.array([True, True]), 4, np.array([4, 1]), np.array([4, 4]))
+        'item 1 chosen after 2 of chosen weight, over its cap 1'
+    """
+    before = 0
+    for j, (w, keep) in enumerate(zip(weights.tolist(), chosen.tolist(), strict=True)):
+        cap = int(take[j] if keep else skip[j])
+        if before > cap:
+            return f"item {j} {'chosen' if keep else 'left out'} after {before} of chosen weight, over its cap {cap}"
+        before += w if keep else 0
+    return None if before <= capacity else f"chosen weight {before} over the capacity {capacity}"
