@@ -171,12 +171,12 @@ def test_verdicts_pass_and_miss() -> None:
         BenchRow("A", 10, 100, "auto", "ok", time_s=0.1, value=5.0, feasible=True, gap=0.0, peak_bytes=4000),
         BenchRow("A", 10, 100, "torch-sliding", "ok", time_s=1.0, value=5.0, feasible=True, gap=0.0),
     ]
-    passed = targets._verdict(Target("issue 9", "A", 10, 100, "auto", "torch-sliding", 5.0), rows)
+    passed = targets._verdict(Target("speed", "A", 10, 100, "auto", "torch-sliding", 5.0), rows)
     missed = targets._verdict(
         Target("t", "A", 10, 100, "auto", "torch-sliding", 20.0, max_peak_bytes_per_unit=32), rows
     )
     assert passed["passed"] and "ratio 10x" in passed["measured"]
-    assert passed["target"] == "issue 9: A n=10 W=100 auto >= 5x torch-sliding"
+    assert passed["target"] == "speed: A n=10 W=100 auto >= 5x torch-sliding"
     assert not missed["passed"] and missed["misses"] == ["ratio 10x < 20x", "peak 40 B/unit > 32"]
 
 
@@ -188,7 +188,7 @@ def test_main_rejects_unknown_names(capsys) -> None:
 def test_verdict_says_when_the_optimum_was_not_cross_checked() -> None:
     row = BenchRow("B", 10, 100, "hirschberg-w2", "ok", time_s=2.0, value=5.0, feasible=True, gap=0.0)
     row.gcells_per_s = 10 * 100 / 2.0 / 1e9
-    verdict = targets._verdict(Target("issue 3", "B", 10, 100, "hirschberg-w2", min_gcells_per_s=3.0), [row])
+    verdict = targets._verdict(Target("speed", "B", 10, 100, "hirschberg-w2", min_gcells_per_s=3.0), [row])
     assert "optimum not cross-checked" in verdict["measured"]
     assert verdict["misses"] == ["5e-07 Gcell/s < 3"]
 

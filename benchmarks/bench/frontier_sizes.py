@@ -109,7 +109,7 @@ def _divided(weights, values, capacity, take, skip):
 def _config_solves(path: str, fractions: list[float], source: list[str], solves: list[Solve]) -> None:
     """Plan the config offline at each budget (its capped solves are recorded into ``solves``)."""
     from lightning_ckpt.offline.plan import plan_offline
-    from lightning_ckpt.planner import BudgetTooSmallError
+    from lightning_ckpt.planning import BudgetTooSmallError
 
     source[0] = f"{path} (bounds)"
     try:

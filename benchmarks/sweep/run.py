@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 HAND_POLICIES = ("none", "all", "every-other")
 OLD_PLAN_SOLVER = "ilp"
-"""The plan before exact peak planning (issue 13): the additive bound solved exactly, then the greedy pass
+"""The plan before exact peak planning: the additive bound solved exactly, then the greedy pass
 (what ``solver="auto"`` planned then; the baseline solvers still plan that way)."""
 
 

@@ -16,13 +16,13 @@ capacities are given:
 ``ilp``        ``baselines.ilp``: scipy's MILP              refused
 =============  ===========================================  ==========================================
 
-What the callback runs: its planner (``lightning_ckpt.core.memory.choose``) calls ``solve_knapsack(...,
+What the callback runs: its planner (``lightning_ckpt.planning.exact``) calls ``solve_knapsack(...,
 method=config.solver, prefix_capacities=..., skip_capacities=...)`` when the peak points are nested, so
 with the default ``solver="auto"`` a plan is solved by the sparse frontier (``capped/frontier.py``), in
 numpy, in milliseconds; the dense capped path is its O(W)-memory fallback. With ``solver`` one of
-``"dp"``, ``"greedy"`` or ``"ilp"``, the planner (``lightning_ckpt.planner``) calls ``solve_knapsack``
+``"dp"``, ``"greedy"`` or ``"ilp"``, the planner (``lightning_ckpt.planning.additive``) calls ``solve_knapsack``
 without caps on the additive bound: the baselines. (Peak points that are not nested never reach this
-package: the planner solves that small module-level instance itself, ``core/memory/fallback.py``.)
+package: the planner solves that small module-level instance itself, ``planning/non_nested.py``.)
 
 The rooms: ``api.py`` (the entry and its results), ``validate.py``, ``options.py``, ``quantize.py``,
 ``fits.py`` (memory checks) and ``baselines.py``; ``dense/`` (the uncapped engine), ``capped/`` (the
