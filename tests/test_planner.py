@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -91,3 +92,33 @@ def test_flops_cost_uses_flops_and_plan_round_trips():
     assert plan.kept == ("h.0",) and plan.checkpointed == ("h.1", "h.2")
     assert CheckpointPlan.from_dict(plan.to_dict()) == plan
     assert plan.recompute_seconds == pytest.approx(0.03)
+
+
+def test_saved_mb_is_what_the_knapsack_weighed():
+    """The table's "saved MB" of a checkpointed module is the weight the exact plan gave it: the most
+    bytes keeping it adds to any point of the peak (here, with no timeline: activations less inputs)."""
+    profile = hand_profile([10, 20, 30], inputs_mb=[1, 2, 3])
+    plan = make_plan(profile, budget_bytes=fixed_peak_bytes(profile) + 20 * MB)
+    weighed = {item.name: item.keep_bytes for item in plan.items}
+    assert weighed == {"h.0": 9 * MB, "h.1": 18 * MB, "h.2": 27 * MB}
+    rows = {line.split()[0]: line.split() for line in str(plan).splitlines() if line.startswith("h.")}
+    for name in plan.checkpointed:
+        assert rows[name][2] == f"{weighed[name] / MB:.2f}" and rows[name][-1] == "checkpoint"
+    for name in plan.kept:
+        assert rows[name][2] == "0.00" and rows[name][-1] == "keep"
+
+
+def test_a_plan_without_recompute_times_shows_gflop_not_zero_ms():
+    """Offline plans have FLOPs but no times: the table says so instead of a column of 0.000 ms."""
+    profile = hand_profile([10, 20, 30], seconds=[0.01, 0.02, 0.03])
+    untimed = dataclasses.replace(
+        profile, modules=tuple(dataclasses.replace(m, recompute_seconds=0.0) for m in profile.modules)
+    )
+    budget = fixed_peak_bytes(profile) + 20 * MB
+    timed_text = str(make_plan(profile, budget))
+    untimed_plan = make_plan(untimed, budget, AutoCheckpointConfig(budget_gb=1, cost="flops"))
+    untimed_text = str(untimed_plan)
+    assert "recompute ms" in timed_text and "GFLOP" not in timed_text
+    assert "recompute GFLOP" in untimed_text and "recompute ms" not in untimed_text
+    flops = sum(m.flops for m in profile.modules if m.name in untimed_plan.checkpointed)
+    assert f"+{flops / 1e9:.3f} GFLOP recompute per step; no recompute times were measured" in untimed_text

@@ -27,6 +27,13 @@ class track_peak_bytes:  # noqa: N801 - used like a function: `with track_peak_b
         ...     y = (x * 2).sum()
         >>> meter.peak_bytes
         8296
+
+        Across two hooks (start in one, stop in the other), the same without ``with``:
+
+        >>> meter = track_peak_bytes(baseline_bytes=100).start()
+        >>> x = torch.ones(1024)
+        >>> meter.stop()
+        4196
     """
 
     def __init__(
