@@ -32,7 +32,7 @@ __all__ = ["keep_cost_bytes", "solve_additive"]
 
 def solve_additive(
     peak: PeakModel,
-    profile: StepProfile,
+    keep_costs: Sequence[int],
     capacity_bytes: int,
     values: Sequence[float],
     *,
@@ -41,12 +41,11 @@ def solve_additive(
     workers: int,
     budget_bytes: int,
 ) -> tuple[np.ndarray, str]:
-    """The kept mask (profile order) of the baseline ``method`` on the additive bound, and the method."""
-    names = [m.name for m in profile.modules]
-    costs = keep_cost_bytes(profile)
-    weights, capacity = quantize([max(int(costs[n]), 0) for n in names], capacity_bytes, quantum_bytes)
+    """The kept mask (profile order) of the baseline ``method`` on the additive bound (``keep_costs``: the
+    :func:`keep_cost_bytes`, profile order), and the method."""
+    weights, capacity = quantize([max(int(c), 0) for c in keep_costs], capacity_bytes, quantum_bytes)
     result = solve_knapsack(weights, values, capacity, method=method, workers=workers)
-    kept = np.zeros(len(names), dtype=np.bool_)
+    kept = np.zeros(len(keep_costs), dtype=np.bool_)
     kept[list(result.chosen)] = True
     return keep_more_that_fits(peak, kept, values, budget_bytes), f"{result.method} (additive bound)"
 

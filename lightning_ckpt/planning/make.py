@@ -74,19 +74,7 @@ def make_plan(
         raise BudgetTooSmallError(budget_bytes, fixed_bytes, len(names))
     values = item_values(profile, config.cost)
     start = time.perf_counter()
-    if config.solver in EXACT_SOLVERS:
-        weighed = np.clip(peak.matrix.keep.max(axis=0, initial=0), 0, None).tolist()
-        kept, method = choose_kept(
-            peak,
-            int(budget_bytes),
-            values,
-            quantum_bytes=config.quantum_bytes,
-            method=config.solver,
-            workers=config.workers,
-        )
-    else:
-        weighed = list(keep_cost_bytes(profile).values())
-        kept, method = _additive_or_all(peak, profile, int(budget_bytes), fixed_bytes, values, config)
+    kept, method, weighed = _solve(peak, profile, int(budget_bytes), fixed_bytes, values, config)
     solver_seconds = time.perf_counter() - start
     predicted_bytes = peak.matrix.peak(kept)
     if predicted_bytes > budget_bytes:  # cannot happen by the memory model's contract; never hand it out
@@ -107,21 +95,33 @@ def make_plan(
     )
 
 
-def _additive_or_all(
+def _solve(
     peak: PeakModel,
     profile: StepProfile,
     budget_bytes: int,
     fixed_bytes: int,
     values: list[float],
     config: AutoCheckpointConfig,
-) -> tuple[np.ndarray, str]:
-    """The baselines' kept mask: everything when it fits, else the additive bound's solve."""
+) -> tuple[np.ndarray, str, list[int]]:
+    """The kept mask, how it was found, and what the knapsack weighed per candidate (bytes)."""
+    if config.solver in EXACT_SOLVERS:
+        weighed = np.clip(peak.matrix.keep.max(axis=0, initial=0), 0, None).tolist()
+        kept, method = choose_kept(
+            peak,
+            budget_bytes,
+            values,
+            quantum_bytes=config.quantum_bytes,
+            method=config.solver,
+            workers=config.workers,
+        )
+        return kept, method, weighed
+    weighed = list(keep_cost_bytes(profile).values())
     everything = np.ones(len(values), dtype=np.bool_)
     if peak.matrix.peak(everything) <= budget_bytes:
-        return everything, "all-fit"
-    return solve_additive(
+        return everything, "all-fit", weighed
+    kept, method = solve_additive(
         peak,
-        profile,
+        weighed,
         budget_bytes - fixed_bytes,
         values,
         method=config.solver,
@@ -129,6 +129,7 @@ def _additive_or_all(
         workers=config.workers,
         budget_bytes=budget_bytes,
     )
+    return kept, method, weighed
 
 
 def _plan_item(module: ModuleProfile, weighed_bytes: int) -> PlanItem:
