@@ -14,6 +14,8 @@ Usage: python tests/fsdp2_fake_pg_script.py OUT_JSON. Writes what the test check
 - ``profiles``: per block, what the profile finds saved (activation and input bytes) for the model
   sharded and not (FSDP2's gathered parameters are no activations), what the step still holds after
   its backward (the loss, not FSDP2's sharded gradients) and the sharded profile's static parameters;
+- ``candidates``: the candidates of the sharded model, by default and for the target ``"Block"`` (its
+  blocks' class is ``FSDPBlock`` now);
 - ``refusals``: the one-line errors for HSDP, tensor parallelism and ``ModelParallelStrategy(tensor_parallel_size=2)``.
 """
 
@@ -31,6 +33,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from callback_helpers import tiny_gpt, token_batch  # noqa: E402
 
+from lightning_ckpt.core.candidates import find_candidates  # noqa: E402
 from lightning_ckpt.core.fsdp2 import check_data_parallel  # noqa: E402
 from lightning_ckpt.core.storage import unique_storage_bytes  # noqa: E402
 from lightning_ckpt.lightning.checks import check_trainer  # noqa: E402
@@ -152,6 +155,7 @@ def main(out: Path) -> None:
         "gathered_op": gathered_op(mesh),
         "root_sharded_after": root_sharded_after(mesh),
         "profiles": profiles(mesh),
+        "candidates": [find_candidates(sharded_gpt(mesh), targets) for targets in (None, ["Block"])],
         "refusals": refusals(),
     }
     check_data_parallel(sharded_gpt(mesh))  # FSDP2 data parallelism: accepted

@@ -71,6 +71,8 @@ def test_fake_process_group_shards_are_counted_and_tensor_parallelism_is_refused
     op = facts["gathered_op"]  # the counter lets DTensor run its op as local ops, and counts those
     assert (op["peak"], op["live"]) == (2 * op["result"], op["result"]), op
     assert facts["root_sharded_after"] == {"no_grad_forward": False, "inside_reset": True}
+    blocks = [f"transformer.h.{i}" for i in range(4)]
+    assert facts["candidates"] == [blocks, blocks], "through fully_shard's class swap (FSDPBlock)"
     plain, sharded = facts["profiles"]["plain"], facts["profiles"]["sharded"]
     assert sharded["blocks"] == plain["blocks"], "gathered parameters are not activations"
     assert sharded["after_backward"] == plain["after_backward"], "sharded gradients are gradients"

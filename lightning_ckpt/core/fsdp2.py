@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from lightning_ckpt._compat import fsdp2_is_root
 
-__all__ = ["check_data_parallel", "fsdp2_modules", "is_fsdp2", "iteration_state_reset"]
+__all__ = ["check_data_parallel", "fsdp2_modules", "is_fsdp2", "iteration_state_reset", "user_class"]
 
 
 def fsdp2_modules(model: nn.Module) -> list[nn.Module]:
@@ -28,6 +28,22 @@ def fsdp2_modules(model: nn.Module) -> list[nn.Module]:
     from torch.distributed.fsdp import FSDPModule
 
     return [module for module in model.modules() if isinstance(module, FSDPModule)]
+
+
+def user_class(module: nn.Module) -> type:
+    """The module's class as its author wrote it: ``fully_shard`` swaps it for a subclass of
+    ``FSDPModule`` and it (``Block`` becomes ``FSDPBlock``), so targets and candidate lists see through that.
+
+    Example:
+        >>> user_class(nn.Linear(2, 2)).__name__
+        'Linear'
+    """
+    mro = type(module).__mro__
+    if not _distributed_available():
+        return mro[0]
+    from torch.distributed.fsdp import FSDPModule
+
+    return mro[mro.index(FSDPModule) + 1] if FSDPModule in mro[1:-1] else mro[0]
 
 
 def is_fsdp2(model: nn.Module) -> bool:
