@@ -1,7 +1,10 @@
 """AutoCheckpoint under FSDP2 (``fully_shard``, ``ModelParallelStrategy``).
 
-On one process with torch's fake process group: the meter counts a rank's shards, not whole tensors, and
-tensor parallelism is refused with one line.
+On 2 CPU processes (gloo), each rank under ``memory_cap(budget)``: the first step and every later one
+within the budget, the rank's own prediction within 2% of what the cap counted, one plan on both ranks,
+losses and parameters equal to the same FSDP2 run without the callback, and no all-gather that the run
+without checkpointing does not make. On one process with torch's fake process group: the meter counts a
+rank's shards, not whole tensors, and tensor parallelism is refused with one line.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from lightning_ckpt.core.storage import LiveStorageTracker
 from lightning_ckpt.testing import memory_cap
 
 TESTS = Path(__file__).resolve().parent
+SCRIPT = TESTS / "fsdp2_script.py"
 
 needs_distributed = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed is not available"
@@ -88,3 +92,111 @@ def test_fake_process_group_shards_are_counted_and_tensor_parallelism_is_refused
     )
     assert "tensor_parallel_size=2" in refusals["strategy"]
     assert all(message.count("\n") == 0 and "not planned for" in message for message in refusals.values())
+
+
+def _unsharded_minimum_bytes() -> int:
+    """The least one unsharded process needs for the same model and per-rank batch (every block checkpointed)."""
+    sys.path.insert(0, str(TESTS))
+    from callback_helpers import probe_profile, tiny_gpt, token_loader
+
+    from lightning_ckpt.planning.peak import fixed_peak_bytes
+
+    return fixed_peak_bytes(probe_profile(tiny_gpt(), token_loader(batch_size=4)))
+
+
+def _assert_capped_run(
+    out: Path, result: subprocess.CompletedProcess, budget_bytes: int, every_block: bool = False
+) -> None:
+    """Both ranks trained 4 steps within the cap, on one plan that checkpoints some blocks but not all
+    (``every_block``: all of them), each rank's predicted peak within 2% of what its cap counted.
+
+    With every block checkpointed the prediction is up to 2.5% high, never low: the peak model counts a
+    block's recompute transient in every phase of the block's backward, where it is only in the first
+    (here the unsharded gradients of the block grow through the later ones)."""
+    flags = {rank: out / f"flag{rank}.txt" for rank in (0, 1)}
+    report = {rank: flag.read_text() if flag.exists() else "no flag" for rank, flag in flags.items()}
+    assert report == {0: "ok", 1: "ok"}, f"{report}\n{_tail(result)}"
+    assert result.returncode == 0, _tail(result)
+    plans = [_read(out, f"plan{rank}.json") for rank in (0, 1)]
+    assert plans[0] == plans[1], "one plan on every rank (rank 1 timed the blocks in reverse order)"
+    assert len(plans[0]["checkpointed"]) == 4 if every_block else 0 < len(plans[0]["checkpointed"]) < 4
+    for rank in (0, 1):
+        facts = _read(out, f"facts{rank}.json")
+        assert facts["minimum"] <= budget_bytes < facts["unchecked"], facts
+        assert facts["global_step"] == 4 and facts["predicted"] <= budget_bytes
+        error = facts["predicted"] / facts["cap_peak"] - 1
+        assert 0 <= error <= 0.025 if every_block else abs(error) <= 0.02, f"{error:+.2%} {facts}"
+
+
+@needs_distributed
+@pytest.mark.parametrize(
+    ("sharding", "budget_bytes"),
+    [("keep", 1_900_000), ("bf16", 950_000)],
+    ids=["no_reshard_after_forward", "bf16_mixed_precision_policy_near_the_minimum"],
+)
+def test_fsdp2_ranks_train_within_the_budget_as_predicted(tmp_path, sharding, budget_bytes):
+    """Blocks gathered from their forward to their backward; or gathered in bf16 and reduced in fp32, at a
+    budget that needs every block checkpointed."""
+    result = _run(SCRIPT, tmp_path, "capped", sharding, budget_bytes)
+    _assert_capped_run(tmp_path, result, budget_bytes, every_block=sharding == "bf16")
+
+
+@needs_distributed
+def test_fsdp2_trains_within_a_budget_below_the_unsharded_minimum_as_fsdp2_without_the_callback(tmp_path):
+    """FSDP2's defaults (reshard after forward), at a budget that fits only because the model is sharded:
+    within the cap as predicted; the same losses and parameters after 4 steps as without the callback
+    (dropout on), and the same all-gathers in every step after the first (a checkpointed block is
+    recomputed inside its unit's gathered window, never gathered again)."""
+    budget_bytes = 1_400_000
+    assert budget_bytes < _unsharded_minimum_bytes()
+    capped = _run(SCRIPT, tmp_path, "capped", "reshard", budget_bytes)
+    _assert_capped_run(tmp_path, capped, budget_bytes)
+    plain = _run(SCRIPT, tmp_path, "plain", "reshard")
+    assert plain.returncode == 0, _tail(plain)
+    for rank in (0, 1):
+        assert _read(tmp_path, f"plain_losses{rank}.json") == _read(tmp_path, f"capped_losses{rank}.json")
+        plain_gathers = _read(tmp_path, f"plain_gathers{rank}.json")
+        capped_gathers = _read(tmp_path, f"capped_gathers{rank}.json")
+        assert capped_gathers[1:] == plain_gathers[1:], "no extra all-gather for the recomputation"
+        assert plain_gathers[1][0] == 9, "the root once, each of the 4 blocks in forward and in backward"
+    expected, actual = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "capped.pt")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
+
+
+@needs_distributed
+def test_fsdp2_model_without_a_twin_is_profiled_once_on_real_tensors(tmp_path):
+    """Saved hyperparameters that no longer build the model: one warning, one real (unchecked) profile of
+    the live FSDP2 step, and a prediction within 2% of what the callback then measures."""
+    budget_bytes = 1_800_000
+    result = _run(SCRIPT, tmp_path, "fallback", "reshard", budget_bytes)
+    assert result.returncode == 0, _tail(result)
+    for rank in (0, 1):
+        (warning,) = _read(tmp_path, f"warnings{rank}.json")
+        assert (
+            "FSDP2: cannot profile a fake twin of ShardedGPT" in warning and "save_hyperparameters" in warning
+        )
+        facts = _read(tmp_path, f"facts{rank}.json")
+        assert facts["minimum"] < budget_bytes < facts["unchecked"], facts
+        assert facts["cap_peak"] > budget_bytes, "the real profiling step is not held to the budget"
+        measured = facts["measured_max_over_ranks"]  # the callback's meter, on the step after planning
+        assert abs(facts["predicted"] - measured) <= 0.02 * measured, facts
+
+
+def test_lightning_ckpt_plan_refuses_an_fsdp2_config_with_one_line(tmp_path):
+    """Offline there is no device mesh to shard a twin on: refused, not planned as if unsharded."""
+    from lightning_ckpt.offline.plan import plan_offline
+
+    config = tmp_path / "fsdp2.yaml"
+    config.write_text(
+        "trainer:\n  accelerator: cpu\n  devices: 2\n"
+        "  strategy:\n    class_path: lightning.pytorch.strategies.ModelParallelStrategy\n"
+        "  callbacks:\n    - class_path: lightning_ckpt.AutoCheckpoint\n      init_args: {budget_gb: 1}\n"
+        "model:\n  class_path: examples.gpt.GPT\n"
+        "  init_args: {block_size: 32, n_layer: 2, n_head: 2, n_embd: 32}\n"
+        "data:\n  class_path: examples.data.CharDataModule\n"
+        "  init_args: {block_size: 32, batch_size: 2, max_chars: 5000, train_samples: 4, val_samples: 2}\n"
+    )
+    with pytest.raises(ValueError, match=r"ModelParallelStrategy \(FSDP2\) cannot be planned without its"):
+        plan_offline(config)

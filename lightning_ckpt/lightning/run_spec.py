@@ -87,9 +87,12 @@ class RunConfig:
 
     @property
     def strategy_name(self) -> str:
-        """``"fsdp"``, ``"ddp"`` or ``"single"`` (what static memory modelling needs to know)."""
+        """``"fsdp2"`` (``ModelParallelStrategy``), ``"fsdp"``, ``"ddp"`` or ``"single"`` (what static memory
+        modelling needs to know)."""
         strategy = self.trainer.get("strategy") or "auto"
         name = (strategy.class_path if isinstance(strategy, ClassSpec) else str(strategy)).lower()
+        if "modelparallel" in name:
+            return "fsdp2"
         if "fsdp" in name:
             return "fsdp"
         return "ddp" if "ddp" in name or self.world_size > 1 else "single"
