@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_ckpt._compat import FakeTensor, tree_leaves
+from lightning_ckpt.core.fsdp2 import iteration_state_reset
 from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
 from lightning_ckpt.core.memory.timeline import alive_bytes
@@ -95,7 +96,7 @@ def profile_step(
             '`cost` must be "flops" when the model has fake tensors (nothing to time), got "time"'
         )
     _refuse_checkpointed(model)
-    with _no_grads(model):
+    with _no_grads(model), iteration_state_reset(model):  # FSDP2: the no-grad forwards leave no trace
         params = list(model.parameters())  # FSDP2: the shards (the unsharded ones are swapped in as it runs)
         sizes = _model_sizes(params, list(model.buffers()), optimizer)
         excluded = _storage_keys([*params, *model.buffers(), *tree_leaves(batch)])

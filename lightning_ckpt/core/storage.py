@@ -164,22 +164,33 @@ class LiveStorageTracker(TorchDispatchMode):
             return []
         return storages_of(tensor)
 
-    def resizing(self, storage: torch.UntypedStorage, nbytes: int) -> None:
-        """Called before ``storage`` is resized to ``nbytes`` (growth is admitted first)."""
-        if not self.count_fake and storage.device.type == "meta":
+    def admit_resize(self, storage: torch.UntypedStorage, nbytes: int) -> None:
+        """Called before ``storage`` is resized to ``nbytes``: what it would add is admitted (a subclass may
+        refuse it, and then no tracker counts the resize and it does not happen)."""
+        if self._counts(storage):
+            growth = nbytes - self._tracked.get(storage_key(storage), 0)
+            if growth > 0:
+                self._admit(growth, "UntypedStorage.resize_")
+
+    def resized_to(self, storage: torch.UntypedStorage, nbytes: int) -> None:
+        """Called once ``storage`` is admitted at ``nbytes``: it counts at that size from now on."""
+        if not self._counts(storage):
             return
         key = storage_key(storage)
         with self._lock:
-            self.resized.add(key)
             old = self._tracked.get(key)
-            if old is None:  # not counted yet: from now on, at its new size
-                if nbytes > 0:
-                    self._track(storage, "UntypedStorage.resize_", nbytes)
-                return
-            if nbytes > old:
-                self._admit(nbytes - old, "UntypedStorage.resize_")
-            self._tracked[key] = nbytes
-            self._grow(nbytes - old)
+            if old is None and nbytes > 0:  # not counted yet: new memory, from now on at its new size
+                self._tracked[key] = nbytes
+                self._grow(nbytes)
+                weakref.finalize(storage, self._release, key).atexit = False
+            elif old is not None:
+                self._tracked[key] = nbytes
+                self._grow(nbytes - old)
+            if key in self._tracked:
+                self.resized.add(key)
+
+    def _counts(self, storage: torch.UntypedStorage) -> bool:
+        return self.count_fake or storage.device.type != "meta"
 
     def _admit(self, nbytes: int, where: Any) -> None:
         """Called before ``nbytes`` more become live (a subclass may refuse them)."""
@@ -237,8 +248,10 @@ def _unwatch_resizes(tracker: LiveStorageTracker) -> None:
 
 
 def _resize_watched(storage: torch.UntypedStorage, size: int) -> Any:
-    nbytes = int(size)
+    nbytes, watchers = int(size), list(_watchers)
     if nbytes != storage.nbytes():
-        for tracker in list(_watchers):
-            tracker.resizing(storage, nbytes)
+        for tracker in watchers:  # every one admits it before any counts it
+            tracker.admit_resize(storage, nbytes)
+        for tracker in watchers:
+            tracker.resized_to(storage, nbytes)
     return _compat.original_storage_resize(storage, size)

@@ -25,7 +25,7 @@ import torch
 from lightning_ckpt._compat import tree_map_only
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.fake_run import profile_run_on_fake_tensors
-from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig
+from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig, module_spec
 
 __all__ = ["fsdp_run_config", "fsdp_twin_profile"]
 
@@ -71,7 +71,6 @@ def fsdp_run_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> RunCo
         ('examples.gpt.GPT', 2, 'fsdp', 1)
     """
     strategy = trainer.strategy
-    cls = type(pl_module)
     strategy_args = {
         "sharding_strategy": strategy.sharding_strategy,
         "auto_wrap_policy": strategy.kwargs.get("auto_wrap_policy"),
@@ -83,6 +82,4 @@ def fsdp_run_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> RunCo
         "num_nodes": int(getattr(strategy, "num_nodes", 1) or 1),
         "strategy": ClassSpec("lightning.pytorch.strategies.FSDPStrategy", strategy_args),
     }
-    return RunConfig(
-        ClassSpec(f"{cls.__module__}.{cls.__qualname__}", dict(pl_module.hparams)), None, settings, None
-    )
+    return RunConfig(module_spec(pl_module), None, settings, None)
