@@ -16,6 +16,8 @@ Usage: python tests/fsdp2_fake_pg_script.py OUT_JSON. Writes what the test check
   its backward (the loss, not FSDP2's sharded gradients) and the sharded profile's static parameters;
 - ``candidates``: the candidates of the sharded model, by default and for the target ``"Block"`` (its
   blocks' class is ``FSDPBlock`` now);
+- ``example_sharded``: whether the example GPT's ``configure_model`` shards it, with and without a
+  device mesh (other strategies give none);
 - ``refusals``: the one-line errors for HSDP, tensor parallelism and ``ModelParallelStrategy(tensor_parallel_size=2)``.
 """
 
@@ -115,6 +117,19 @@ def profiles(mesh) -> dict:
     return found
 
 
+def example_sharded(mesh_2d) -> list[bool]:
+    from lightning_ckpt._compat import give_device_mesh
+    from lightning_ckpt.core.fsdp2 import is_fsdp2
+
+    found = []
+    for mesh in (mesh_2d, None):
+        model = tiny_gpt()
+        give_device_mesh(model, mesh)
+        model.configure_model()
+        found.append(is_fsdp2(model) and all(is_fsdp2(block) for block in model.transformer.h))
+    return found
+
+
 def refusal(fn) -> str:
     try:
         fn()
@@ -157,6 +172,9 @@ def main(out: Path) -> None:
         "profiles": profiles(mesh),
         "candidates": [find_candidates(sharded_gpt(mesh), targets) for targets in (None, ["Block"])],
         "refusals": refusals(),
+        "example_sharded": example_sharded(
+            init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        ),
     }
     check_data_parallel(sharded_gpt(mesh))  # FSDP2 data parallelism: accepted
     out.write_text(json.dumps(results))

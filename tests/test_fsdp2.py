@@ -83,6 +83,7 @@ def test_fake_process_group_shards_are_counted_and_tensor_parallelism_is_refused
     assert sharded["blocks"] == plain["blocks"], "gathered parameters are not activations"
     assert sharded["after_backward"] == plain["after_backward"], "sharded gradients are gradients"
     assert sharded["param_bytes"] == facts["shards"], "the shards, not the gathered parameters"
+    assert facts["example_sharded"] == [True, False], "the example GPT shards itself under FSDP2 only"
     refusals = facts["refusals"]
     assert (
         "placed (Replicate(), Shard(dim=0)) over mesh {'data_parallel': 2, 'tensor_parallel': 2}"
@@ -203,3 +204,13 @@ def test_lightning_ckpt_plan_refuses_an_fsdp2_config_with_one_line(tmp_path):
     )
     with pytest.raises(ValueError, match=r"ModelParallelStrategy \(FSDP2\) cannot be planned without its"):
         plan_offline(config)
+
+
+def test_the_fsdp2_cpu_config_is_the_main_job_on_two_fsdp2_processes():
+    from lightning_ckpt.offline.run_config import load_run_config
+
+    fsdp2 = load_run_config(TESTS.parent / "configs" / "gpt-fsdp2-cpu.yaml")
+    main = load_run_config(TESTS.parent / "configs" / "gpt-cpu.yaml")
+    assert (fsdp2.strategy_name, fsdp2.world_size, main.strategy_name) == ("fsdp2", 2, "single")
+    assert fsdp2.model == main.model and fsdp2.data == main.data
+    assert fsdp2.autocheckpoint["budget_gb"] < main.autocheckpoint["budget_gb"]
