@@ -42,7 +42,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import TINY_GPT, token_loader  # noqa: E402
+from callback_helpers import TINY_GPT, fast_trainer, token_loader  # noqa: E402
 from ddp_script import rank_dependent_times  # noqa: E402
 
 import lightning_ckpt.callback as callback_module  # noqa: E402
@@ -98,22 +98,10 @@ class StepRecorder(L.Callback):
 
 
 def trainer_for(callbacks: list, max_steps: int) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=ModelParallelStrategy(
-            data_parallel_size=2, tensor_parallel_size=1, timeout=timedelta(seconds=120)
-        ),
-        max_steps=max_steps,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        deterministic=True,
+    strategy = ModelParallelStrategy(
+        data_parallel_size=2, tensor_parallel_size=1, timeout=timedelta(seconds=120)
     )
+    return fast_trainer(callbacks, max_steps=max_steps, devices=2, strategy=strategy)
 
 
 def model_for(sharding: str) -> ShardedGPT:

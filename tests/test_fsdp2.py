@@ -179,7 +179,7 @@ def test_fsdp2_model_without_a_twin_is_profiled_once_on_real_tensors(tmp_path):
     for rank in (0, 1):
         (warning,) = _read(tmp_path, f"warnings{rank}.json")
         assert (
-            "FSDP2: cannot profile a fake twin of ShardedGPT" in warning and "save_hyperparameters" in warning
+            "FSDP2: cannot build a fake twin of ShardedGPT" in warning and "save_hyperparameters" in warning
         )
         facts = _read(tmp_path, f"facts{rank}.json")
         assert facts["minimum"] < budget_bytes < facts["unchecked"], facts

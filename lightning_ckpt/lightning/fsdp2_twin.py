@@ -16,8 +16,6 @@ twin whose parameters differ from the live ones, a step that does not run on fak
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +26,7 @@ from lightning_ckpt._compat import lightning_device_mesh
 from lightning_ckpt.core.fsdp2 import user_class
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.fake_run import RunProfile, profile_run_on_fake_tensors
+from lightning_ckpt.lightning.fsdp_twin import twin_profile
 from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig, module_spec
 
 __all__ = ["fsdp2_run_config", "fsdp2_twin_profile"]
@@ -39,29 +38,15 @@ def fsdp2_twin_profile(
     """The memory profile of the step on the sharded fake twin (see above), or ``None`` with a warning."""
     run = fsdp2_run_config(trainer, pl_module)
     mesh = lightning_device_mesh(pl_module)
-    try:
+
+    def profile_twin() -> RunProfile:
         profiled = profile_run_on_fake_tensors(
             run, list(candidates), batch, device_mesh=mesh, plugin=trainer.precision_plugin
         )
         _check_same_parameters(profiled, pl_module)
-    except Exception as error:  # a constructor that needs more than its hparams, a non-fake step, ...
-        warnings.warn(
-            f"AutoCheckpoint: FSDP2: cannot profile a fake twin of {user_class(pl_module).__name__} built from its"
-            f" saved hyperparameters and configure_model ({type(error).__name__}: {error}); call"
-            " `self.save_hyperparameters()` in its __init__ so that profiling holds to `budget_gb`",
-            stacklevel=2,
-        )
-        return None
-    profile = profiled.profile
-    missing = sorted(set(candidates) - {m.name for m in profile.modules})
-    if missing:
-        warnings.warn(
-            f"AutoCheckpoint: FSDP2: the fake twin lacks candidate modules {missing[:4]} of the live model",
-            stacklevel=2,
-        )
-        return None
-    modules = tuple(m for m in profile.modules if m.name in set(candidates))
-    return dataclasses.replace(profile, modules=modules)
+        return profiled
+
+    return twin_profile("FSDP2", pl_module, candidates, profile_twin)
 
 
 def fsdp2_run_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> RunConfig:
