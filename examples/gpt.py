@@ -251,6 +251,18 @@ class GPT(L.LightningModule):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy`` (FSDP2), shard each block, then the whole model, over the
+        data-parallel mesh, as Lightning's docs do; under any other strategy there is nothing to do."""
+        if self.device_mesh is None:
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.transformer.h:
+            fully_shard(block, mesh=mesh)  # one unit per block: gathered for its forward and backward only
+        fully_shard(self, mesh=mesh)  # the root: embeddings, final norm, the tied head
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         idx, targets = batch  # (B, T), (B, T)
         _, loss = self(idx, targets)

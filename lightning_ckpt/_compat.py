@@ -20,7 +20,11 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # torch 2.4-2.13
 from torch.nn.modules.batchnorm import _NormBase  # torch 2.4-2.13: BatchNorm/InstanceNorm base
-from torch.utils._python_dispatch import TorchDispatchMode  # torch 2.4-2.13
+from torch.utils._python_dispatch import (  # torch 2.4-2.13 (the last two: wrapper subclasses, DTensor)
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+    is_traceable_wrapper_subclass_type,
+)
 from torch.utils._pytree import tree_leaves, tree_map_only  # torch 2.4-2.13
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator  # torch 2.4-2.13
 
@@ -39,7 +43,14 @@ __all__ = [
     "composable_api_names",
     "convert_precision",
     "default_foreach",
+    "fsdp2_is_root",
     "fsdp_policy_classes",
+    "give_device_mesh",
+    "inner_tensors",
+    "is_traceable_wrapper_subclass",
+    "is_traceable_wrapper_subclass_type",
+    "lightning_device_mesh",
+    "original_storage_resize",
     "set_rng_states",
     "storage_key",
     "strategy_checkpointing_kwargs",
@@ -67,6 +78,38 @@ def storage_key(storage: torch.UntypedStorage) -> int:
     """An id for a storage, stable while it is alive: the address of its C++ ``StorageImpl``
     (``UntypedStorage._cdata``, torch 2.4-2.13)."""
     return storage._cdata
+
+
+def inner_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a wrapper subclass (``DTensor``: its local shard) holds, read with its
+    ``__tensor_flatten__`` (torch 2.4-2.13; DTensor lists ``_local_tensor`` and, in 2.13, its mesh, which
+    is not a tensor and is left out)."""
+    names, _ = tensor.__tensor_flatten__()
+    return [inner for inner in (getattr(tensor, name) for name in names) if isinstance(inner, torch.Tensor)]
+
+
+original_storage_resize = torch.UntypedStorage.resize_
+"""``UntypedStorage.resize_``: FSDP2 frees and re-allocates its unsharded parameters by resizing their
+storages (``free_storage``/``alloc_storage`` in ``torch.distributed.fsdp._fully_shard._fsdp_param``,
+torch 2.4-2.13), which no dispatch mode sees; the live-storage counter wraps it while it counts (as
+torch's own ``torch.distributed._tools.mem_tracker`` does)."""
+
+
+def fsdp2_is_root(module: Any) -> bool:
+    """Whether a ``fully_shard``-ed module is FSDP2's root, the one its iteration state lives on
+    (``FSDPModule._get_fsdp_state()._is_root``, set by its first forward; torch 2.4-2.13)."""
+    return bool(getattr(module._get_fsdp_state(), "_is_root", False))
+
+
+def lightning_device_mesh(pl_module: Any) -> Any:
+    """The device mesh ``ModelParallelStrategy`` gives the module before ``configure_model``
+    (``LightningModule._device_mesh``, lightning 2.4-2.6), or None."""
+    return getattr(pl_module, "_device_mesh", None)
+
+
+def give_device_mesh(pl_module: Any, device_mesh: Any) -> None:
+    """Give a module the device mesh as ``ModelParallelStrategy.setup_environment`` does (lightning 2.4-2.6)."""
+    pl_module._device_mesh = device_mesh
 
 
 def autocast_enabled() -> bool:

@@ -22,6 +22,7 @@ from lightning_ckpt.core.wrapping import (
     remove_checkpointing,
 )
 from lightning_ckpt.lightning.checks import (
+    check_sharding,
     check_single,
     check_trainer,
     explain_recompute_error,
@@ -205,6 +206,7 @@ class AutoCheckpoint(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        check_sharding(pl_module)
         self._model_settings = take_over_model(pl_module)
         candidates = self._candidates(pl_module)
         setting = {**(self._setting or {}), "model": model_signature(pl_module, candidates)}

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch.nn as nn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightning_ckpt.core.fsdp2 import user_class
 from lightning_ckpt.core.names import (
     example_names,
     outermost_matching,
@@ -105,11 +106,12 @@ def _repeated_blocks(model: nn.Module, modules: dict[str, nn.Module]) -> list[st
 
 
 def _is_block_list(name: str, module: nn.Module, modules: dict[str, nn.Module]) -> bool:
-    """Two or more blocks of one class (seen through checkpoint/FSDP wrappers), each with submodules."""
+    """Two or more blocks of one class (seen through checkpoint/FSDP wrappers and FSDP2's class swap),
+    each with submodules."""
     if not isinstance(module, nn.ModuleList | nn.Sequential) or len(module) < 2:
         return False
     children = _blocks(name, module, modules)
-    return len({type(child) for child in children}) == 1 and any(True for _ in children[0].children())
+    return len({user_class(child) for child in children}) == 1 and any(True for _ in children[0].children())
 
 
 def _blocks(name: str, module: nn.Module, modules: dict[str, nn.Module]) -> list[nn.Module]:
@@ -118,7 +120,7 @@ def _blocks(name: str, module: nn.Module, modules: dict[str, nn.Module]) -> list
 
 
 def _child_class(name: str, modules: dict[str, nn.Module]) -> str:
-    return type(_blocks(name, modules[name], modules)[0]).__name__
+    return user_class(_blocks(name, modules[name], modules)[0]).__name__
 
 
 def _match_targets(model: nn.Module, modules: dict[str, nn.Module], targets: list[str]) -> list[str]:
@@ -128,7 +130,7 @@ def _match_targets(model: nn.Module, modules: dict[str, nn.Module], targets: lis
         hits = [
             name
             for name, module in modules.items()
-            if name and (type(module).__name__ == target or fnmatch.fnmatchcase(name, pattern))
+            if name and (user_class(module).__name__ == target or fnmatch.fnmatchcase(name, pattern))
         ]
         if not hits:
             raise ValueError(

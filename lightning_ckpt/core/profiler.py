@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_ckpt._compat import FakeTensor, tree_leaves
+from lightning_ckpt.core.fsdp2 import iteration_state_reset
 from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
 from lightning_ckpt.core.memory.timeline import alive_bytes
@@ -42,7 +43,7 @@ from lightning_ckpt.core.profile_types import (
     StepProfile,
 )
 from lightning_ckpt.core.recorder import Recorder, StepTracker, forward_working_sets
-from lightning_ckpt.core.storage import storage_key, storage_of, unique_storage_bytes
+from lightning_ckpt.core.storage import local_bytes, storage_key, storage_of, unique_storage_bytes
 from lightning_ckpt.core.wrapping import checkpointed_names
 
 __all__ = ["profile_step", "time_forwards"]
@@ -95,8 +96,9 @@ def profile_step(
             '`cost` must be "flops" when the model has fake tensors (nothing to time), got "time"'
         )
     _refuse_checkpointed(model)
-    with _no_grads(model):
-        params = list(model.parameters())
+    with _no_grads(model), iteration_state_reset(model):  # FSDP2: the no-grad forwards leave no trace
+        params = list(model.parameters())  # FSDP2: the shards (the unsharded ones are swapped in as it runs)
+        sizes = _model_sizes(params, list(model.buffers()), optimizer)
         excluded = _storage_keys([*params, *model.buffers(), *tree_leaves(batch)])
         recorder = Recorder(modules, excluded, FlopCounterMode(display=False), params)
         with recorder.recording():
@@ -117,7 +119,7 @@ def profile_step(
             )
         working = forward_working_sets(modules, step_fn)
         seconds = _timed_forwards(modules, step_fn) if cost == "time" else dict.fromkeys(modules, 0.0)
-    profile = _build_profile(model, recorder, seconds, optimizer)
+    profile = _build_profile(sizes, recorder, seconds)
     return dataclasses.replace(
         profile,
         phases=profile.phases + _checkpointed_forwards(profile.storages, recorder.call_starts, working),
@@ -263,10 +265,21 @@ class _Timer:
         return self.begin.elapsed_time(self.end) / 1000.0
 
 
-def _build_profile(
-    model: nn.Module, recorder: Recorder, seconds: dict[str, float], optimizer: Any
-) -> StepProfile:
-    storages = tuple(SavedStorage(row.nbytes, tuple(row.saves), tuple(row.inputs)) for row in recorder.rows)
+def _model_sizes(params: list[torch.Tensor], buffers: list[torch.Tensor], optimizer: Any) -> ModelSizes:
+    """This rank's parameters, gradients, optimizer state and buffers (a ``DTensor``: its local shard)."""
+    trainable = [p for p in params if p.requires_grad]
+    return ModelSizes(
+        param_bytes=unique_storage_bytes(params),
+        grad_bytes=sum(local_bytes(p) for p in trainable),
+        optimizer_bytes=estimate_optimizer_bytes(trainable, optimizer),
+        buffer_bytes=unique_storage_bytes(buffers),
+    )
+
+
+def _build_profile(sizes: ModelSizes, recorder: Recorder, seconds: dict[str, float]) -> StepProfile:
+    storages = tuple(
+        SavedStorage(row.nbytes, tuple(row.saves), tuple(row.inputs)) for row in recorder.saved_rows()
+    )
     modules = tuple(
         ModuleProfile(
             name=name,
@@ -281,18 +294,9 @@ def _build_profile(
         for name in recorder.modules
     )
     phases = _phases(storages, recorder.tracker)
-    params = list(model.parameters())
-    trainable = [p for p in params if p.requires_grad]
     return StepProfile(
         modules=modules,
-        static=single_device_static(
-            ModelSizes(
-                param_bytes=unique_storage_bytes(params),
-                grad_bytes=sum(p.numel() * p.element_size() for p in trainable),
-                optimizer_bytes=estimate_optimizer_bytes(trainable, optimizer),
-                buffer_bytes=unique_storage_bytes(model.buffers()),
-            )
-        ),
+        static=single_device_static(sizes),
         other_activation_bytes=_bytes_where(storages, lambda s: any(owner is None for owner, _ in s.saves)),
         backward_extra_bytes=max((phase.extra_bytes for phase in phases), default=0),
         storages=storages,

@@ -27,6 +27,8 @@ class StorageRow:
     """What happened to one storage: its size, who saved it (and when), whose input it was (and when)."""
 
     nbytes: int
+    key: int | None
+    """The storage's :func:`~lightning_ckpt.core.storage.storage_key` while it lives, then None."""
     saves: list[tuple[str | None, int]] = field(default_factory=list)
     inputs: list[tuple[str, int]] = field(default_factory=list)
 
@@ -72,11 +74,10 @@ class StepTracker(LiveStorageTracker):
         """The peak live bytes since the window opened."""
         return self._windows.pop()
 
-    def _track(self, storage: Any, where: Any) -> None:
-        super()._track(storage, where)
-        with self._lock:
-            self._windows[:] = [max(peak, self.live_bytes) for peak in self._windows]
-            self._note_total()
+    def _grow(self, nbytes: int) -> None:
+        super()._grow(nbytes)
+        self._windows[:] = [max(peak, self.live_bytes) for peak in self._windows]
+        self._note_total()
 
     def _note_total(self) -> None:
         total = self.phase_total_peak_bytes.get(self.phase, 0)
@@ -146,6 +147,12 @@ class Recorder:
         self.recomputed: set[str] = set()  # candidates called again in the backward (checkpointed already)
         self._live_rows: dict[int, StorageRow] = {}
 
+    def saved_rows(self) -> list[StorageRow]:
+        """The rows of storages saved for backward or given to a candidate, less those resized in place:
+        their memory is managed by their owner, not by autograd (FSDP2's unsharded parameters, freed
+        after the forward and gathered again for the backward), and counts where it is live."""
+        return [row for row in self.rows if row.key not in self.tracker.resized]
+
     def start_backward(self) -> None:
         """The forward has returned the loss: stop counting flops (the flop counter's module tracker would
         keep a recomputation's tensors alive to the end of the backward) and recording forward calls."""
@@ -163,10 +170,16 @@ class Recorder:
         key = storage_key(storage)
         row = self._live_rows.get(key)
         if row is None:  # new storage (or a dead one's address reused: the finalizer dropped the old row)
-            row = self._live_rows[key] = StorageRow(storage.nbytes())
+            row = self._live_rows[key] = StorageRow(storage.nbytes(), key)
             self.rows.append(row)
-            weakref.finalize(storage, self._live_rows.pop, key, None).atexit = False
+            weakref.finalize(storage, self._forget, key).atexit = False
         return row
+
+    def _forget(self, key: int) -> None:
+        """The row's storage is freed: its key may name another storage from now on."""
+        row = self._live_rows.pop(key, None)
+        if row is not None:
+            row.key = None
 
     def _pre_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -228,8 +241,10 @@ class Recorder:
                 handles.append(param.register_post_accumulate_grad_hook(lambda p: self.tracker.land(p.grad)))
             for name, module in self.modules.items():
                 handles.append(module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True))
-                handles.append(
-                    module.register_forward_hook(self._post_hook(name), with_kwargs=True, always_call=True)
+                handles.append(  # first: the module's own forward, not what other hooks do after it
+                    module.register_forward_hook(
+                        self._post_hook(name), with_kwargs=True, always_call=True, prepend=True
+                    )
                 )
             with (
                 self.tracker,

@@ -7,6 +7,7 @@ import contextlib
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.checkpoint import CheckpointError
 
@@ -16,6 +17,7 @@ from lightning_ckpt._compat import (
     strategy_checkpointing_kwargs,
 )
 from lightning_ckpt.core import wrapping
+from lightning_ckpt.core.fsdp2 import check_data_parallel
 from lightning_ckpt.core.hf_models import own_checkpointing_off, training_without_cache
 
 
@@ -23,7 +25,8 @@ def check_trainer(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
     """Raise for what cannot work; warn where the strategy already checkpoints modules.
 
     Raises:
-        ValueError: manual optimization, or a ``torch.compile``-d module.
+        ValueError: manual optimization, a ``torch.compile``-d module, or a ``ModelParallelStrategy``
+            with tensor parallelism.
     """
     if not pl_module.automatic_optimization:
         raise ValueError(
@@ -36,6 +39,7 @@ def check_trainer(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             " after compilation would be ignored or force recompiles. Compile after planning is not supported"
             " yet; remove torch.compile or the callback."
         )
+    _check_tensor_parallel_size(trainer.strategy)
     if strategy_checkpointing_kwargs(trainer.strategy):
         rank_zero_warn(
             "The strategy's own `activation_checkpointing_policy` is set: AutoCheckpoint will not wrap the modules"
@@ -76,6 +80,29 @@ def explain_recompute_error(exception: BaseException) -> None:
         note = wrapping.recompute_failure_note(name)
         if note not in getattr(exception, "__notes__", ()):
             exception.add_note(note)
+
+
+def check_sharding(pl_module: torch.nn.Module) -> None:
+    """Once the model is sharded (``configure_model`` has run): FSDP2 data parallelism only.
+
+    Raises:
+        ValueError: see :func:`lightning_ckpt.core.fsdp2.check_data_parallel`.
+    """
+    check_data_parallel(pl_module)
+
+
+def _check_tensor_parallel_size(strategy: object) -> None:
+    """``ModelParallelStrategy`` with a tensor-parallel mesh dimension of 2 or more is refused."""
+    if not isinstance(strategy, ModelParallelStrategy):
+        return
+    mesh = strategy.device_mesh  # made in setup_environment, before the callbacks' setup
+    size = mesh["tensor_parallel"].size() if "tensor_parallel" in (mesh.mesh_dim_names or ()) else 1
+    if size > 1:
+        raise ValueError(
+            "AutoCheckpoint plans FSDP2 data parallelism only, got ModelParallelStrategy with a tensor-parallel"
+            f" mesh dimension of {size} (tensor_parallel_size={size}): tensor parallelism is not planned for"
+            " yet; use tensor_parallel_size=1 and shard with fully_shard over device_mesh['data_parallel']"
+        )
 
 
 def _is_compiled(module: torch.nn.Module) -> bool:

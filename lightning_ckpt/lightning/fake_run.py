@@ -24,7 +24,7 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 
-from lightning_ckpt._compat import FakeTensorMode, tree_leaves, tree_map_only
+from lightning_ckpt._compat import FakeTensorMode, give_device_mesh, tree_leaves, tree_map_only
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
@@ -71,10 +71,12 @@ def profile_training_step(
     precision: str,
     targets: Sequence[str] | None = None,
     optimizer: Any = None,
+    plugin: Precision | None = None,
 ) -> StepProfile:
     """Profile ``training_step`` on ``batch`` as AutoCheckpoint does (real or fake tensors; cost in FLOPs).
 
-    The model must already be in the precision's parameter dtype (see :func:`plan_offline`).
+    The model must already be in the precision's parameter dtype (see :func:`plan_offline`). ``plugin``
+    is the precision plugin of a live Trainer (default: :func:`precision_plugin` of ``precision``).
 
     Example:
         >>> from examples.gpt import GPT
@@ -83,7 +85,7 @@ def profile_training_step(
         >>> [m.name for m in profile_training_step(model, batch, "bf16-mixed").modules]
         ['transformer.h.0', 'transformer.h.1']
     """
-    plugin = precision_plugin(precision)
+    plugin = plugin or precision_plugin(precision)
     candidates = find_candidates(model, targets)
     batch = plugin.convert_input(batch)
     step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), model, batch, 0)
@@ -101,19 +103,42 @@ class RunProfile:
     static: StaticMemory
 
 
-def profile_run_on_fake_tensors(run: RunConfig, targets: Sequence[str] | None, batch: Any) -> RunProfile:
+def profile_run_on_fake_tensors(
+    run: RunConfig,
+    targets: Sequence[str] | None,
+    batch: Any,
+    *,
+    device_mesh: Any = None,
+    plugin: Precision | None = None,
+) -> RunProfile:
     """The run's model built fake (its ``configure_model`` too) in the strategy's dtypes, its step on
     ``batch`` made fake, and the strategy's per-device static memory (``lightning-ckpt plan``, and the
-    callback's FSDP twin)."""
+    callback's FSDP twins).
+
+    ``device_mesh`` is given to the model before ``configure_model``, as ``ModelParallelStrategy`` gives
+    it, so that a model sharding itself with ``fully_shard`` there is sharded (FSDP2 on fake tensors: its
+    collectives move no data). ``plugin`` as in :func:`profile_training_step`.
+
+    Raises:
+        ValueError: for a ``ModelParallelStrategy`` run without ``device_mesh`` (offline FSDP2 plans are
+            not supported yet), and what :meth:`ClassSpec.instantiate` raises.
+    """
+    if run.strategy_name == "fsdp2" and device_mesh is None:
+        raise ValueError(
+            "`strategy` ModelParallelStrategy (FSDP2) cannot be planned without its processes yet: the"
+            " sharded twin needs the fit's device mesh; plan it with AutoCheckpoint in the fit"
+        )
     master_dtype, compute_dtype = param_dtypes(run)
     mode = FakeTensorMode()
     with mode:
         with _default_dtype(compute_dtype):
             model = run.model.instantiate()
+            if device_mesh is not None:
+                give_device_mesh(model, device_mesh)
             model.configure_model()  # models that build their layers there (as FSDP runs do)
         fake_batch = tree_map_only(torch.Tensor, mode.from_tensor, batch)
         optimizer = _configured_optimizer(model)
-        profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer)
+        profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer, plugin)
     static = static_memory_of(run, FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
     return RunProfile(
         profile=dataclasses.replace(profile, static=static),

@@ -68,6 +68,8 @@ def static_memory_of(run: RunConfig, built: FakeModel) -> StaticMemory:
         return _fsdp_memory(run, built)
     single = built.profile.static
     sizes = ModelSizes(single.param_bytes, single.grad_bytes, single.optimizer_bytes, single.buffer_bytes)
+    if run.strategy_name == "fsdp2":  # the model ran sharded: its sizes are this rank's shards already
+        return strategy_static("fsdp2", sizes, shard_size=run.world_size)
     if run.strategy_name == "ddp":
         bucket_view = bool(run.strategy_args.get("gradient_as_bucket_view"))
         return strategy_static("ddp", sizes, gradient_as_bucket_view=bucket_view)
@@ -77,10 +79,10 @@ def static_memory_of(run: RunConfig, built: FakeModel) -> StaticMemory:
 def _check_strategy(run: RunConfig) -> None:
     strategy = run.trainer.get("strategy") or "auto"
     text = (strategy.class_path if isinstance(strategy, ClassSpec) else str(strategy)).lower()
-    if any(word in text for word in ("deepspeed", "xla", "modelparallel")):
+    if any(word in text for word in ("deepspeed", "xla")):
         raise ValueError(
-            f"`strategy` must be single-device, DDP or FSDP to plan offline (static memory is modelled for"
-            f" those only), got {text!r}"
+            f"`strategy` must be single-device, DDP, FSDP or ModelParallelStrategy (FSDP2) to plan (static"
+            f" memory is modelled for those only), got {text!r}"
         )
 
 

@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
 from lightning_ckpt._compat import tree_map_only
+from lightning_ckpt.core.fsdp2 import user_class
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.lightning.fake_run import profile_run_on_fake_tensors
-from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig
+from lightning_ckpt.lightning.fake_run import RunProfile, profile_run_on_fake_tensors
+from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig, module_spec
 
-__all__ = ["fsdp_run_config", "fsdp_twin_profile"]
+__all__ = ["fsdp_run_config", "fsdp_twin_profile", "twin_profile"]
 
 
 def fsdp_twin_profile(
@@ -36,22 +37,35 @@ def fsdp_twin_profile(
     """The memory profile of the step on a fake twin (see above), or ``None`` with a warning."""
     run = fsdp_run_config(trainer, pl_module)
     cpu_batch = tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu"), batch)
+    return twin_profile(
+        "FSDP", pl_module, candidates, lambda: profile_run_on_fake_tensors(run, None, cpu_batch)
+    )
+
+
+def twin_profile(
+    label: str,
+    pl_module: pl.LightningModule,
+    candidates: Sequence[str],
+    profile_twin: Callable[[], RunProfile],
+) -> StepProfile | None:
+    """The profile ``profile_twin()`` makes of a twin, kept to the live model's ``candidates``; ``None``,
+    with a warning naming the strategy (``label``), when the twin cannot be built or profiled or lacks a
+    candidate."""
     try:
-        profiled = profile_run_on_fake_tensors(run, None, cpu_batch)
+        profile = profile_twin().profile
     except Exception as error:  # a constructor that needs more than its hparams, a non-fake step, ...
         warnings.warn(
-            f"AutoCheckpoint: FSDP: cannot build a fake twin of {type(pl_module).__name__} from its saved"
-            f" hyperparameters ({type(error).__name__}: {error}); call `self.save_hyperparameters()` in"
-            " its __init__ so that profiling holds to `budget_gb`",
-            stacklevel=2,
+            f"AutoCheckpoint: {label}: cannot build a fake twin of {user_class(pl_module).__name__} from its"
+            f" saved hyperparameters ({type(error).__name__}: {error}); call `self.save_hyperparameters()`"
+            " in its __init__ so that profiling holds to `budget_gb`",
+            stacklevel=3,
         )
         return None
-    profile = profiled.profile
     missing = sorted(set(candidates) - {m.name for m in profile.modules})
     if missing:
         warnings.warn(
-            f"AutoCheckpoint: FSDP: the fake twin lacks candidate modules {missing[:4]} of the live model",
-            stacklevel=2,
+            f"AutoCheckpoint: {label}: the fake twin lacks candidate modules {missing[:4]} of the live model",
+            stacklevel=3,
         )
         return None
     modules = tuple(m for m in profile.modules if m.name in set(candidates))
@@ -71,7 +85,6 @@ def fsdp_run_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> RunCo
         ('examples.gpt.GPT', 2, 'fsdp', 1)
     """
     strategy = trainer.strategy
-    cls = type(pl_module)
     strategy_args = {
         "sharding_strategy": strategy.sharding_strategy,
         "auto_wrap_policy": strategy.kwargs.get("auto_wrap_policy"),
@@ -83,6 +96,4 @@ def fsdp_run_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> RunCo
         "num_nodes": int(getattr(strategy, "num_nodes", 1) or 1),
         "strategy": ClassSpec("lightning.pytorch.strategies.FSDPStrategy", strategy_args),
     }
-    return RunConfig(
-        ClassSpec(f"{cls.__module__}.{cls.__qualname__}", dict(pl_module.hparams)), None, settings, None
-    )
+    return RunConfig(module_spec(pl_module), None, settings, None)

@@ -9,6 +9,10 @@
 - **FSDP**: the sharded flat parameters have no full-size fake twin, so the memory half runs on a fake
   twin built from the module's class and saved hyperparameters (:mod:`lightning_ckpt.lightning.fsdp_twin`),
   with the strategy's sharded static memory.
+- **FSDP2** (``fully_shard``, ``ModelParallelStrategy``): the twin is sharded by the model's own
+  ``configure_model`` on the live device mesh, and FSDP2 runs its step on fake tensors
+  (:mod:`lightning_ckpt.lightning.fsdp2_twin`). The timing forwards run the live model, FSDP2's hooks and
+  all; its per-iteration state is reset after them (:func:`lightning_ckpt.core.fsdp2.iteration_state_reset`).
 - **Fallback**: a step that cannot run on fake tensors (a ``.item()`` or data-dependent branch in
   ``training_step`` or the model), and an FSDP module that cannot be rebuilt from its hyperparameters,
   are profiled on real tensors as one unchecked step, with a warning on every rank that does it: that
@@ -28,11 +32,13 @@ import torch
 
 from lightning_ckpt._compat import collect_rng_states, set_rng_states, tree_leaves
 from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
+from lightning_ckpt.core.fsdp2 import is_fsdp2, iteration_state_reset
 from lightning_ckpt.core.hf_models import unpacked_positions_on_fake_tensors
 from lightning_ckpt.core.memory.static import ModelSizes, strategy_static
 from lightning_ckpt.core.profile_types import Cost, StepProfile
 from lightning_ckpt.core.profiler import profile_step, time_forwards
 from lightning_ckpt.core.wrapping import checkpointing_removed
+from lightning_ckpt.lightning.fsdp2_twin import fsdp2_twin_profile
 from lightning_ckpt.lightning.fsdp_twin import fsdp_twin_profile
 from lightning_ckpt.lightning.step import (
     PrecisionOnlyTrainer,
@@ -70,8 +76,10 @@ def profile_in_fit(
     Leaves no trace on training: gradients, buffers, RNG streams and logged metrics are as before.
     """
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
-    with checkpointing_removed(pl_module):
-        if _is_fsdp(trainer):
+    with checkpointing_removed(pl_module), iteration_state_reset(pl_module):
+        if is_fsdp2(pl_module):
+            profile = _fsdp2_profile(trainer, pl_module, batch, candidates, optimizer)
+        elif _is_fsdp(trainer):
             profile = _fsdp_profile(trainer, pl_module, batch, candidates, optimizer)
         else:
             profile = _fake_profile(trainer, pl_module, batch, candidates, optimizer)
@@ -113,6 +121,15 @@ def _fsdp_profile(
     """FSDP: memory on a fake full-size twin (static memory sharded), the optimizer step's temporaries on
     fake twins of the live sharded parameters."""
     profile = fsdp_twin_profile(trainer, pl_module, batch, candidates)
+    return None if profile is None else _with_optimizer_step(profile, pl_module, optimizer)
+
+
+def _fsdp2_profile(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, candidates: Sequence[str], optimizer: Any
+) -> StepProfile | None:
+    """FSDP2: memory on a fake twin sharded as the live model is (FSDP2 running on fake tensors), the
+    optimizer step's temporaries on fake twins of the live shards."""
+    profile = fsdp2_twin_profile(trainer, pl_module, batch, candidates)
     return None if profile is None else _with_optimizer_step(profile, pl_module, optimizer)
 
 

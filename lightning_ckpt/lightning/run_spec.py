@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning_ckpt._compat import convert_precision
 
-__all__ = ["ClassSpec", "RunConfig", "importable_working_directory"]
+__all__ = ["ClassSpec", "RunConfig", "importable_working_directory", "module_spec"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,23 @@ class ClassSpec:
             raise ValueError(
                 f"{self.class_path}(**init_args) failed: {type(error).__name__}: {reason}"
             ) from error
+
+
+def module_spec(pl_module: Any, cls: type | None = None) -> ClassSpec:
+    """A LightningModule as a config would name it: its class (``cls``, default its own) and its saved
+    hyperparameters, less the keys LightningCLI adds to them (``_class_path``, ``_instantiator``).
+
+    Example:
+        >>> from examples.gpt import GPT
+        >>> model = GPT(n_layer=1, n_head=1, n_embd=8)
+        >>> model.hparams["_class_path"] = "examples.gpt.GPT"  # as LightningCLI leaves it
+        >>> spec = module_spec(model)
+        >>> spec.class_path, spec.init_args["n_layer"], "_class_path" in spec.init_args
+        ('examples.gpt.GPT', 1, False)
+    """
+    cls = cls or type(pl_module)
+    init_args = {key: value for key, value in pl_module.hparams.items() if not key.startswith("_")}
+    return ClassSpec(f"{cls.__module__}.{cls.__qualname__}", init_args)
 
 
 @dataclass(frozen=True)
@@ -87,9 +104,12 @@ class RunConfig:
 
     @property
     def strategy_name(self) -> str:
-        """``"fsdp"``, ``"ddp"`` or ``"single"`` (what static memory modelling needs to know)."""
+        """``"fsdp2"`` (``ModelParallelStrategy``), ``"fsdp"``, ``"ddp"`` or ``"single"`` (what static memory
+        modelling needs to know)."""
         strategy = self.trainer.get("strategy") or "auto"
         name = (strategy.class_path if isinstance(strategy, ClassSpec) else str(strategy)).lower()
+        if "modelparallel" in name:
+            return "fsdp2"
         if "fsdp" in name:
             return "fsdp"
         return "ddp" if "ddp" in name or self.world_size > 1 else "single"

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from lightning_ckpt.core.storage import unique_storage_bytes
+from lightning_ckpt.core.storage import local_bytes, unique_storage_bytes
 
 __all__ = ["estimate_optimizer_bytes"]
 
@@ -42,7 +42,7 @@ def estimate_optimizer_bytes(params: Iterable[torch.Tensor], optimizer: Any = No
         return 0
     if isinstance(optimizer, torch.optim.Optimizer) and optimizer.state:
         return unique_storage_bytes(t for state in optimizer.state.values() for t in state.values())
-    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    param_bytes = sum(local_bytes(p) for p in params)  # a DTensor's state is as sharded as it is
     kind = _optimizer_kind(optimizer)
     copies = _state_copies(kind, optimizer)
     step_bytes = _STEP_SCALAR_BYTES * len(params) if kind.startswith(("adam", "nadam", "radam")) else 0

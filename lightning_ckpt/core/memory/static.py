@@ -29,6 +29,7 @@ __all__ = [
     "StaticMemory",
     "ddp_static",
     "fsdp_static",
+    "fsdp2_static",
     "fsdp_units",
     "single_device_static",
     "strategy_static",
@@ -99,10 +100,12 @@ def strategy_static(strategy: str, sizes: ModelSizes, **settings: Any) -> Static
     """The per-device static memory of ``sizes`` under ``strategy``: the one place strategies differ.
 
     Args:
-        strategy: ``"single"``, ``"ddp"`` or ``"fsdp"``.
-        sizes: the single-replica sizes (FSDP: in the dtype the shards are kept in).
+        strategy: ``"single"``, ``"ddp"``, ``"fsdp"`` or ``"fsdp2"``.
+        sizes: the single-replica sizes (FSDP: in the dtype the shards are kept in; FSDP2: this rank's
+            shards, as a model sharded by ``fully_shard`` holds them).
         settings: the strategy's own (:func:`ddp_static`'s ``gradient_as_bucket_view``;
-            :func:`fsdp_static`'s ``units``, ``shard_size``, ``gather_bytes_per_param``, ``sharding``).
+            :func:`fsdp_static`'s ``units``, ``shard_size``, ``gather_bytes_per_param``, ``sharding``;
+            :func:`fsdp2_static`'s ``shard_size``).
 
     Raises:
         ValueError: for another strategy.
@@ -111,7 +114,7 @@ def strategy_static(strategy: str, sizes: ModelSizes, **settings: Any) -> Static
         >>> strategy_static("ddp", ModelSizes(400, 400, 800)).total_bytes
         2000
     """
-    builders = {"single": single_device_static, "ddp": ddp_static, "fsdp": fsdp_static}
+    builders = {"single": single_device_static, "ddp": ddp_static, "fsdp": fsdp_static, "fsdp2": fsdp2_static}
     if strategy not in builders:
         raise ValueError(
             f"`strategy` must be one of {sorted(builders)} to model its memory, got {strategy!r}"
@@ -159,6 +162,31 @@ def ddp_static(sizes: ModelSizes, *, gradient_as_bucket_view: bool = False) -> S
         sizes.buffer_bytes,
         strategy_bytes=bucket_bytes,
         modelled=("parameters", "gradients", "optimizer state", "buffers", bucket_text),
+    )
+
+
+def fsdp2_static(local_sizes: ModelSizes, *, shard_size: int) -> StaticMemory:
+    """FSDP2 (``fully_shard``): this rank's shards of the parameters, gradients and optimizer state.
+
+    Unlike :func:`fsdp_static` nothing is added for the gathered units: the step is profiled with FSDP2
+    itself running (on fake tensors), so its unsharded parameters, unsharded gradients and communication
+    buffers are measured where they are live, unit by unit, as activations are.
+
+    Example:
+        >>> fsdp2_static(ModelSizes(1000, 1000, 2000, 8), shard_size=4).total_bytes
+        4008
+    """
+    return StaticMemory(
+        f"fsdp2 over {shard_size}",
+        local_sizes.param_bytes,
+        local_sizes.grad_bytes,
+        local_sizes.optimizer_bytes,
+        local_sizes.buffer_bytes,
+        modelled=(
+            f"parameters, gradients, optimizer state: this rank's shards (1/{shard_size}, padded as FSDP2 pads)",
+            "buffers (replicated)",
+            "unsharded parameters and gradients, all-gather and reduce-scatter buffers: measured in the step",
+        ),
     )
 
 
