@@ -45,7 +45,7 @@ def _break_solution(weights: np.ndarray, capacity: int) -> int:
 
 def _bounds(fw: np.ndarray, fv: np.ndarray, capacity: int, add_ratio: float, drop_ratio: float) -> np.ndarray:
     over = fw > capacity
-    with np.errstate(invalid="ignore"):  # inf * 0 cannot occur: ``over`` selects x > c only
+    with np.errstate(invalid="ignore"):  # both sides are computed: 0 * inf (x = c) is nan in the unused one
         return np.where(over, fv - (fw - capacity) * drop_ratio, fv + (capacity - fw) * add_ratio)
 
 
