@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import bench
 from benchmarks.bench import (
-    FAMILIES,
+    KNOWN_FAMILIES,
     BenchOptions,
     BenchRow,
     KnapsackInstance,
@@ -34,7 +34,7 @@ QUIET = BenchOptions(max_seconds=60.0, progress=False)
 # ------------------------------------------------------------------------------------ instance families
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", KNOWN_FAMILIES)
 def test_instances_are_seeded_and_deterministic(family: str) -> None:
     first, again = make_instance(family, 50, 10_000, seed=3), make_instance(family, 50, 10_000, seed=3)
     other = make_instance(family, 50, 10_000, seed=4)
@@ -51,6 +51,26 @@ def test_family_a_is_paper_like() -> None:
     ratios = instance.values / instance.weights
     assert ratios.min() >= 0.5 and ratios.max() <= 1.5
     assert 1.7 < instance.weights.sum() / capacity < 2.3  # mean weight 2W/n: about half the items fit
+
+
+def test_families_u_and_w_are_uncorrelated_and_weakly_correlated() -> None:
+    n, capacity = 400, 100_000
+    top = 4 * capacity // n
+    plain, weak = make_instance("U", n, capacity, seed=1), make_instance("W", n, capacity, seed=1)
+    assert np.array_equal(plain.weights, weak.weights) and plain.weights.max() <= top
+    assert plain.values.min() >= 1 and plain.values.max() <= top
+    assert abs(np.corrcoef(plain.weights, plain.values)[0, 1]) < 0.2
+    assert weak.values.min() >= 1 and np.abs(weak.values - weak.weights).max() <= top / 10 + 1
+
+
+def test_auto_dense_is_auto_without_the_sparse_states() -> None:
+    instance = make_instance("U", 60, 5_000, seed=2)
+    calls = {
+        m: child._prepare(m, instance.weights.tolist(), instance.values.tolist(), 5_000)
+        for m in ("auto", "auto-dense")
+    }
+    assert calls["auto"]() == calls["auto-dense"]()
+    assert child._OUR_CALLS["auto-dense"] == ("auto", 1, {"sparse_max_states": 0})
 
 
 def test_family_b_is_strongly_correlated() -> None:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from benchmarks.bench.harness import BenchOptions, run_grid, run_jobs
-from benchmarks.bench.instances import DEFAULT_N, DEFAULT_W, FAMILIES
+from benchmarks.bench.instances import DEFAULT_N, DEFAULT_W, FAMILIES, KNOWN_FAMILIES
 from benchmarks.bench.methods import METHODS
 from benchmarks.bench.prefix import PREFIX_METHODS, format_prefix, run_prefix
 from benchmarks.bench.report import _footer, _header, format_table, write_json, write_plot
@@ -20,12 +20,22 @@ def _parser() -> argparse.ArgumentParser:
         prog="lightning-ckpt bench",
         description="Benchmark the knapsack solvers against PyTorch's, side by side on the same instances.",
     )
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), help="instance families (A B C)")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        default=list(FAMILIES),
+        help=f"instance families (A B C; among {' '.join(KNOWN_FAMILIES)})",
+    )
     parser.add_argument("--n", nargs="+", type=positive_int, default=list(DEFAULT_N), help="item counts")
     parser.add_argument(
         "--W", nargs="+", type=positive_int, default=list(DEFAULT_W), help="capacities (1e6 ok)"
     )
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"among {' '.join(METHODS)}")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=[m for m in METHODS if m != "auto-dense"],
+        help=f"among {' '.join(METHODS)} (auto-dense: auto without the sparse try; not by default)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="instance seed (default 0)")
     parser.add_argument("--paper", action="store_true", help="add n=2000 at W=1.4e8 and 3.8e8, O(W) methods")
     parser.add_argument("--targets", action="store_true", help="run the issue targets, print PASS/MISS")
@@ -58,7 +68,7 @@ def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     args.families = [f for item in args.families for f in item.split(",") if f]
     args.methods = [m for item in args.methods for m in item.split(",") if m]
     for flag, names, allowed in (
-        ("--families", args.families, FAMILIES),
+        ("--families", args.families, KNOWN_FAMILIES),
         ("--methods", args.methods, METHODS),
     ):
         unknown = [name for name in names if name not in allowed]
