@@ -34,13 +34,33 @@ from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime import interrupt, pool
 from lightning_ckpt.solver.sparse.minknap import solve_minknap
 
-__all__ = ["DenseAnswer", "max_sparse_states", "solve_uncapped"]
+__all__ = ["CELLS_PER_STATE", "SPARSE_MIN_CELLS", "DenseAnswer", "max_sparse_states", "solve_uncapped"]
+
+
+SPARSE_MIN_CELLS = 1 << 22
+"""Below this many dense cells (core items x (core capacity + 1)) Hirschberg runs at once: a few
+milliseconds at most, less than the sparse states' per-item steps cost on such cores."""
+
+CELLS_PER_STATE = 4096
+"""A sparse state costs about as much as this many dense cells (measured 2026-12-01: 29 ns a state,
+family B n=1000 W=4e6, where Hirschberg's 283 ms make 0.07 ns per core cell); the sparse try may
+make one state per this many cells, so that giving up wastes at most about a tenth of the dense
+time."""
 
 
 def max_sparse_states(items: int, capacity: int, options: SolverOptions) -> int:
-    """States the sparse try may make on a core: one per capacity unit and item (8 bytes of history
-    each, a third of the dense path's 24 bytes per unit), at most ``options.sparse_max_states``."""
-    return min(options.sparse_max_states, capacity + items)
+    """States the sparse try may make on a core (0: no try): one per ``CELLS_PER_STATE`` dense cells,
+    and one per capacity unit and item (8 bytes of history each, a third of the dense path's 24
+    bytes per unit), at most ``options.sparse_max_states``; none below ``SPARSE_MIN_CELLS``.
+
+    Example:
+        >>> max_sparse_states(100, 10_000, DEFAULT_OPTIONS), max_sparse_states(94, 6_478_072, DEFAULT_OPTIONS)
+        (0, 148666)
+    """
+    cells = items * (capacity + 1)
+    if cells < SPARSE_MIN_CELLS:
+        return 0
+    return min(options.sparse_max_states, capacity + items, cells // CELLS_PER_STATE)
 
 
 class DenseAnswer(NamedTuple):
@@ -75,9 +95,9 @@ def solve_uncapped(
     core = reduce_instance(weights, values, capacity, use_lp=use_lp)
     n, cap = len(core.weights), core.capacity
     mask, cells, used, path = np.zeros(n, dtype=np.bool_), 0, 1, "reductions"
-    sparse = None
-    if use_lp and n and cap and options.sparse_max_states:
-        sparse = solve_minknap(core.weights, core.values, cap, max_sparse_states(n, cap, options))
+    sparse, most = None, max_sparse_states(n, cap, options)
+    if use_lp and most:
+        sparse = solve_minknap(core.weights, core.values, cap, most)
     if sparse is not None:
         (mask, cells), path = sparse, "sparse"
     elif n and cap:
