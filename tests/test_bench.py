@@ -169,14 +169,14 @@ def test_skip_rules_refuse_large_tables_and_skip_slow_runs_without_running_them(
     assert slow.status == "skipped" and slow.note.startswith("skipped (est.") and slow.estimated_time_s > 0
     refused = rows[140_000_000, "torch-dp"]
     assert refused.status == "refused" and refused.note == "refused: table needs 1.12e+03 GB > 4 GB"
-    assert (100, "ilp") in rows and (140_000_000, "ilp") not in rows  # paper sizes: O(W) methods only
+    assert (100, "ilp") in rows and rows[140_000_000, "ilp"].status == "skipped"  # HiGHS at paper sizes too
     assert report.first_call_s == {}  # no runner was started
 
 
 def test_score_fills_gap_speedup_and_rate() -> None:
     instance = make_instance("A", 10, 1000)
     rows = [
-        BenchRow("A", 10, 1000, "auto", "ok", time_s=0.5, value=10.0, feasible=True),
+        BenchRow("A", 10, 1000, "hirschberg", "ok", time_s=0.5, value=10.0, feasible=True),
         BenchRow("A", 10, 1000, "greedy", "ok", time_s=0.1, value=9.0, feasible=True),
         BenchRow("A", 10, 1000, "torch-sliding", "ok", time_s=2.0, value=11.0, feasible=False),
     ]
@@ -225,3 +225,18 @@ def test_prefix_family_side_by_side_with_additive_and_brute_force() -> None:
     assert by_method["prefix-w2"]["value"] == by_method["prefix"]["value"]
     assert by_method["prefix"]["value_vs_additive"] >= 1.0
     assert "value/add" in format_prefix(rows)
+
+
+def test_paper_flag_means_the_papers_instances_against_torch_and_highs() -> None:
+    from benchmarks.bench import cli
+
+    parser = cli._parser()
+    for argv, families, methods in (
+        (["--paper"], ["U", "W", "B", "C"], list(cli.PAPER_METHODS)),
+        (["--paper", "--families", "A", "--methods", "auto"], ["A"], ["auto"]),
+        ([], ["A", "B", "C"], [m for m in cli.METHODS if m != "auto-dense"]),
+    ):
+        args = parser.parse_args(argv)
+        cli._check_names(parser, args)
+        assert (args.families, args.methods) == (families, methods)
+    assert {"auto", "hirschberg", "ilp", "torch-sliding", "torch-dp"} <= set(cli.PAPER_METHODS)
