@@ -20,7 +20,11 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 from lightning_ckpt.solver import SolverOptions, solve_knapsack  # noqa: E402
 from lightning_ckpt.solver.runtime import workers as solver_workers  # noqa: E402
 
-EAGER = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0)  # workers on small solves too
+# workers on small solves too, and no sparse try (it would answer them in this process)
+EAGER = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0, sparse_max_states=0)
+DENSE = SolverOptions(
+    sparse_max_states=0
+)  # the long solve: Hirschberg, as the sparse states finish it at once
 
 
 def instance(n_items: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -44,7 +48,7 @@ def main() -> None:
     before = solver_workers.live_worker_pids()
     print("ready", *before, flush=True)
     try:
-        solve_knapsack(*instance(4000, 8_000_000, seed=2), workers=workers)
+        solve_knapsack(*instance(4000, 8_000_000, seed=2), workers=workers, options=DENSE)
         print("finished", flush=True)
     except KeyboardInterrupt:
         print("interrupted", flush=True)

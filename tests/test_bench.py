@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import bench
 from benchmarks.bench import (
-    FAMILIES,
+    KNOWN_FAMILIES,
     BenchOptions,
     BenchRow,
     KnapsackInstance,
@@ -34,7 +34,7 @@ QUIET = BenchOptions(max_seconds=60.0, progress=False)
 # ------------------------------------------------------------------------------------ instance families
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", KNOWN_FAMILIES)
 def test_instances_are_seeded_and_deterministic(family: str) -> None:
     first, again = make_instance(family, 50, 10_000, seed=3), make_instance(family, 50, 10_000, seed=3)
     other = make_instance(family, 50, 10_000, seed=4)
@@ -51,6 +51,26 @@ def test_family_a_is_paper_like() -> None:
     ratios = instance.values / instance.weights
     assert ratios.min() >= 0.5 and ratios.max() <= 1.5
     assert 1.7 < instance.weights.sum() / capacity < 2.3  # mean weight 2W/n: about half the items fit
+
+
+def test_families_u_and_w_are_uncorrelated_and_weakly_correlated() -> None:
+    n, capacity = 400, 100_000
+    top = 4 * capacity // n
+    plain, weak = make_instance("U", n, capacity, seed=1), make_instance("W", n, capacity, seed=1)
+    assert np.array_equal(plain.weights, weak.weights) and plain.weights.max() <= top
+    assert plain.values.min() >= 1 and plain.values.max() <= top
+    assert abs(np.corrcoef(plain.weights, plain.values)[0, 1]) < 0.2
+    assert weak.values.min() >= 1 and np.abs(weak.values - weak.weights).max() <= top / 10 + 1
+
+
+def test_auto_dense_is_auto_without_the_sparse_states() -> None:
+    instance = make_instance("U", 60, 5_000, seed=2)
+    calls = {
+        m: child._prepare(m, instance.weights.tolist(), instance.values.tolist(), 5_000)
+        for m in ("auto", "auto-dense")
+    }
+    assert calls["auto"]() == calls["auto-dense"]()
+    assert child._OUR_CALLS["auto-dense"] == ("auto", 1, {"sparse_max_states": 0})
 
 
 def test_family_b_is_strongly_correlated() -> None:
@@ -149,14 +169,14 @@ def test_skip_rules_refuse_large_tables_and_skip_slow_runs_without_running_them(
     assert slow.status == "skipped" and slow.note.startswith("skipped (est.") and slow.estimated_time_s > 0
     refused = rows[140_000_000, "torch-dp"]
     assert refused.status == "refused" and refused.note == "refused: table needs 1.12e+03 GB > 4 GB"
-    assert (100, "ilp") in rows and (140_000_000, "ilp") not in rows  # paper sizes: O(W) methods only
+    assert (100, "ilp") in rows and rows[140_000_000, "ilp"].status == "skipped"  # HiGHS at paper sizes too
     assert report.first_call_s == {}  # no runner was started
 
 
 def test_score_fills_gap_speedup_and_rate() -> None:
     instance = make_instance("A", 10, 1000)
     rows = [
-        BenchRow("A", 10, 1000, "auto", "ok", time_s=0.5, value=10.0, feasible=True),
+        BenchRow("A", 10, 1000, "hirschberg", "ok", time_s=0.5, value=10.0, feasible=True),
         BenchRow("A", 10, 1000, "greedy", "ok", time_s=0.1, value=9.0, feasible=True),
         BenchRow("A", 10, 1000, "torch-sliding", "ok", time_s=2.0, value=11.0, feasible=False),
     ]
@@ -205,3 +225,18 @@ def test_prefix_family_side_by_side_with_additive_and_brute_force() -> None:
     assert by_method["prefix-w2"]["value"] == by_method["prefix"]["value"]
     assert by_method["prefix"]["value_vs_additive"] >= 1.0
     assert "value/add" in format_prefix(rows)
+
+
+def test_paper_flag_means_the_papers_instances_against_torch_and_highs() -> None:
+    from benchmarks.bench import cli
+
+    parser = cli._parser()
+    for argv, families, methods in (
+        (["--paper"], ["U", "W", "B", "C"], list(cli.PAPER_METHODS)),
+        (["--paper", "--families", "A", "--methods", "auto"], ["A"], ["auto"]),
+        ([], ["A", "B", "C"], [m for m in cli.METHODS if m != "auto-dense"]),
+    ):
+        args = parser.parse_args(argv)
+        cli._check_names(parser, args)
+        assert (args.families, args.methods) == (families, methods)
+    assert {"auto", "hirschberg", "ilp", "torch-sliding", "torch-dp"} <= set(cli.PAPER_METHODS)

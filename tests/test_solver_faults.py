@@ -24,7 +24,9 @@ from lightning_ckpt.solver.runtime import pool
 from lightning_ckpt.solver.runtime import workers as solver_workers
 
 SCRIPT = Path(__file__).resolve().parent / "solver_fault_script.py"
-EAGER = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=0)
+EAGER = SolverOptions(
+    parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=0, sparse_max_states=0
+)
 KERNEL_RUNNING_S = 0.7  # after "ready": the long solve is deep in its kernels by then
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="Linux-only fault handling")

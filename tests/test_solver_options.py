@@ -26,6 +26,7 @@ def test_defaults_are_the_measured_values():
         "group_window": 1 << 19,
         "group_items": 8,
         "tile": 2048,
+        "sparse_max_states": 1 << 22,
         "ilp_time_limit_s": 60.0,
     }
     assert SolverOptions() == DEFAULT_OPTIONS and DEFAULT_OPTIONS.grouping == (1 << 19, 8, 2048)
@@ -127,6 +128,7 @@ def test_non_default_options_reach_the_workers_and_keep_the_answer(method):
         group_window=7,
         group_items=3,
         tile=5,
+        sparse_max_states=0,  # the dense path, against the default's sparse answer for "auto"
     )
     reference = solve_knapsack(weights, values, 2_000, method=method)
     for workers in (1, 2):

@@ -70,7 +70,9 @@ def test_exact_methods_agree_on_medium_instances(family, n_items, capacity, spli
 
 
 def test_workers_two_equals_workers_one():
-    options = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=20_000)
+    options = SolverOptions(
+        parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=20_000, sparse_max_states=0
+    )
     for family in FAMILIES:
         weights, values, capacity = make_instance(family, 60, 5_000, seed=7)
         for method in ("auto", "hirschberg"):

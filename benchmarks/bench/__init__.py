@@ -23,13 +23,14 @@ Example:
 
 from benchmarks.bench.cli import main
 from benchmarks.bench.harness import BenchOptions, BenchReport, run_grid, run_jobs
-from benchmarks.bench.instances import FAMILIES, BenchRow, KnapsackInstance, make_instance
+from benchmarks.bench.instances import FAMILIES, KNOWN_FAMILIES, BenchRow, KnapsackInstance, make_instance
 from benchmarks.bench.methods import METHODS
 from benchmarks.bench.report import format_table, write_json, write_plot
 from benchmarks.bench.targets import Target
 
 __all__ = [
     "FAMILIES",
+    "KNOWN_FAMILIES",
     "METHODS",
     "BenchOptions",
     "BenchReport",

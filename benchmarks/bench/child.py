@@ -55,12 +55,15 @@ def _prepare(method: str, weights: list[int], values: list[float], capacity: int
         solve = knapsack.dp_knapsack if method == "torch-dp" else knapsack.dp_knapsack_sliding_hirschberg
         memory, runtimes, budget = [w / SCALE for w in weights], [float(v) for v in values], capacity / SCALE
         return lambda: solve(memory, runtimes, budget)[1]
-    from lightning_ckpt.solver import solve_knapsack
+    from lightning_ckpt.solver import SolverOptions, solve_knapsack
 
-    solver_method, workers = _OUR_CALLS[method]
+    solver_method, workers, fields = _OUR_CALLS[method]
+    options = SolverOptions(**fields)
     weights_array, values_array = np.asarray(weights, dtype=np.int64), np.asarray(values, dtype=np.float64)
     return lambda: (
-        solve_knapsack(weights_array, values_array, capacity, method=solver_method, workers=workers).chosen
+        solve_knapsack(
+            weights_array, values_array, capacity, method=solver_method, workers=workers, options=options
+        ).chosen
     )
 
 

@@ -7,7 +7,7 @@ import json
 import sys
 
 from benchmarks.bench.harness import BenchOptions, run_grid, run_jobs
-from benchmarks.bench.instances import DEFAULT_N, DEFAULT_W, FAMILIES
+from benchmarks.bench.instances import DEFAULT_N, DEFAULT_W, FAMILIES, KNOWN_FAMILIES
 from benchmarks.bench.methods import METHODS
 from benchmarks.bench.prefix import PREFIX_METHODS, format_prefix, run_prefix
 from benchmarks.bench.report import _footer, _header, format_table, write_json, write_plot
@@ -20,14 +20,30 @@ def _parser() -> argparse.ArgumentParser:
         prog="lightning-ckpt bench",
         description="Benchmark the knapsack solvers against PyTorch's, side by side on the same instances.",
     )
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), help="instance families (A B C)")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        default=None,
+        help=f"instance families (A B C; U W B C with --paper; among {' '.join(KNOWN_FAMILIES)})",
+    )
     parser.add_argument("--n", nargs="+", type=positive_int, default=list(DEFAULT_N), help="item counts")
     parser.add_argument(
         "--W", nargs="+", type=positive_int, default=list(DEFAULT_W), help="capacities (1e6 ok)"
     )
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"among {' '.join(METHODS)}")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help=f"among {' '.join(METHODS)} (default: all but auto-dense, auto without the sparse states;"
+        f" with --paper: {' '.join(PAPER_METHODS)})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="instance seed (default 0)")
-    parser.add_argument("--paper", action="store_true", help="add n=2000 at W=1.4e8 and 3.8e8, O(W) methods")
+    parser.add_argument(
+        "--paper",
+        action="store_true",
+        help="the paper's instances only: n=2000 at W=1.4e8 and 3.8e8, families U W B C, this solver against"
+        " PyTorch's two and HiGHS (with --targets: add the paper-scale targets)",
+    )
     parser.add_argument("--targets", action="store_true", help="run the issue targets, print PASS/MISS")
     parser.add_argument(
         "--prefix",
@@ -39,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-seconds",
         type=float,
         default=None,
-        help="skip runs estimated longer than this (3; 120 with --paper; 600 with --targets)",
+        help="skip runs estimated longer than this (3; 600 with --paper or --targets)",
     )
     parser.add_argument(
         "--max-memory-gb",
@@ -54,11 +70,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+PAPER_FAMILIES = ("U", "W", "B", "C")
+"""``--paper``: uncorrelated, weakly and strongly correlated, transformer-like."""
+PAPER_METHODS = ("auto", "auto-dense", "hirschberg", "ilp", "torch-sliding", "torch-dp")
+
+
 def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    args.families = [f for item in args.families for f in item.split(",") if f]
-    args.methods = [m for item in args.methods for m in item.split(",") if m]
+    paper = args.paper and not args.targets
+    families = args.families or list(PAPER_FAMILIES if paper else FAMILIES)
+    methods = args.methods or (list(PAPER_METHODS) if paper else [m for m in METHODS if m != "auto-dense"])
+    args.families = [f for item in families for f in item.split(",") if f]
+    args.methods = [m for item in methods for m in item.split(",") if m]
     for flag, names, allowed in (
-        ("--families", args.families, FAMILIES),
+        ("--families", args.families, KNOWN_FAMILIES),
         ("--methods", args.methods, METHODS),
     ):
         unknown = [name for name in names if name not in allowed]
@@ -89,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     check_output_file("--json", args.json)
     if args.prefix:
         return _prefix_main(args)
-    default_seconds = 600.0 if args.targets else 120.0 if args.paper else 3.0
+    default_seconds = 600.0 if args.targets or args.paper else 3.0
     options = BenchOptions(
         max_seconds=args.max_seconds or default_seconds,
         max_memory_gb=args.max_memory_gb,
@@ -101,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     if targets:
         report = run_jobs(_target_jobs(targets, args.seed), options)
     else:
-        grid = (args.families, args.n, args.W, args.methods)
-        report = run_grid(*grid, seed=args.seed, options=options, paper=args.paper)
+        ns, capacities = ([], []) if args.paper else (args.n, args.W)  # --paper: its instances only
+        report = run_grid(
+            args.families, ns, capacities, args.methods, seed=args.seed, options=options, paper=args.paper
+        )
     verdicts = [_verdict(t, report.rows) for t in targets]
     sys.stdout.write("\n".join([_header(report), "", format_table(report.rows), "", _footer(report)]) + "\n")
     if verdicts:

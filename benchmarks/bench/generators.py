@@ -4,7 +4,10 @@
 - ``"B"``, strongly correlated: same weights, values = weight + W/(10n);
 - ``"C"``, transformer-like: ~10 item types per layer repeated over n/10 layers; weights repeat
   exactly (activation memory is deterministic), values carry small relative noise
-  (``noise``, default 1%; 0 gives exact repeats).
+  (``noise``, default 1%; 0 gives exact repeats);
+- ``"U"`` and ``"W"``, Pisinger's uncorrelated and weakly correlated families on the same weights
+  (``R = 4W/n``): values uniform in [1, R], and weight + U(-R/10, R/10) (at least 1). Not in the
+  default grid (``FAMILIES``); ``KNOWN_FAMILIES`` lists every one.
 
 Example:
     >>> weights, values, capacity = make_instance("B", n_items=3, capacity=30, seed=0)
@@ -16,9 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FAMILIES", "make_instance"]
+__all__ = ["FAMILIES", "KNOWN_FAMILIES", "make_instance"]
 
 FAMILIES = ("A", "B", "C")
+KNOWN_FAMILIES = (*FAMILIES, "U", "W")
 _TYPES_PER_LAYER = 10
 
 
@@ -37,8 +41,8 @@ def make_instance(
     Raises:
         ValueError: for an unknown family.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"`family` must be one of {FAMILIES}, got {family!r}")
+    if family not in KNOWN_FAMILIES:
+        raise ValueError(f"`family` must be one of {KNOWN_FAMILIES}, got {family!r}")
     rng = np.random.default_rng(seed)
     top = max(1, 4 * capacity // max(n_items, 1))
     if family == "C":
@@ -51,4 +55,8 @@ def make_instance(
     weights = rng.integers(1, top + 1, n_items).astype(np.int64)
     if family == "A":
         return weights, weights * rng.uniform(0.5, 1.5, n_items), capacity
+    if family == "U":
+        return weights, rng.uniform(1, top, n_items), capacity
+    if family == "W":
+        return weights, np.maximum(1.0, weights + rng.uniform(-top / 10, top / 10, n_items)), capacity
     return weights, weights + capacity / (10 * max(n_items, 1)), capacity

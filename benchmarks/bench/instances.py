@@ -13,6 +13,7 @@ DEFAULT_N = (100, 500, 1000, 2000)
 DEFAULT_W = (10**5, 10**6, 10**7)
 PAPER_W = (140_000_000, 380_000_000)
 FAMILIES = generators.FAMILIES
+KNOWN_FAMILIES = generators.KNOWN_FAMILIES
 
 
 @dataclass(frozen=True, eq=False)

@@ -26,7 +26,8 @@ METHODS = {
     for m in (
         _Method("hirschberg", _OURS, True, True, 0, 1e-9),
         _Method("hirschberg-w2", _OURS, True, True, 0, 1e-9),
-        _Method("auto", _OURS, True, True, 0, 1e-9),
+        _Method("auto", _OURS, True, False, 0, 1e-6),  # sparse states first: its time follows no n*W
+        _Method("auto-dense", _OURS, True, True, 0, 1e-9),  # "auto" without the sparse try: the old path
         _Method("dp", _OURS, True, True, 8, 1e-9),  # float64 table
         _Method("torch-dp", _TORCH, True, True, 4, 2e-9),  # float32 table
         _Method("torch-sliding", _TORCH, True, True, 0, 2e-9),
@@ -34,11 +35,12 @@ METHODS = {
         _Method("ilp", _SCIPY, True, False, 0, 1e-3),
     )
 }
-_OUR_CALLS = {
-    "hirschberg": ("hirschberg", 1),
-    "hirschberg-w2": ("hirschberg", 2),
-    "auto": ("auto", 1),
-    "dp": ("dp", 1),
-    "greedy": ("greedy", 1),
-    "ilp": ("ilp", 1),
+_OUR_CALLS = {  # method: (solve_knapsack's method, workers, SolverOptions fields)
+    "hirschberg": ("hirschberg", 1, {}),
+    "hirschberg-w2": ("hirschberg", 2, {}),
+    "auto": ("auto", 1, {}),
+    "auto-dense": ("auto", 1, {"sparse_max_states": 0}),
+    "dp": ("dp", 1, {}),
+    "greedy": ("greedy", 1, {}),
+    "ilp": ("ilp", 1, {}),
 }

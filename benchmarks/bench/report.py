@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from benchmarks.bench.harness import BenchReport, _gigabytes
-from benchmarks.bench.instances import FAMILIES, BenchRow, _short
+from benchmarks.bench.instances import KNOWN_FAMILIES, BenchRow, _short
 from benchmarks.bench.methods import TORCH_REFERENCE
 from benchmarks.bench.runner import MAX_REPEATS
 
@@ -132,7 +132,7 @@ def write_plot(rows: Sequence[BenchRow], path: str) -> None:
     figure = Figure(figsize=(8, 5.5))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    styles = dict(zip(FAMILIES, ("-", "--", ":"), strict=True))
+    styles = dict(zip(KNOWN_FAMILIES, ("-", "--", ":", "-.", (0, (1, 4))), strict=True))
     methods = [
         m for m in dict.fromkeys(r.method for r in rows) if any(r.method == m and r.time_s for r in rows)
     ]

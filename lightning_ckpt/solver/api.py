@@ -52,6 +52,10 @@ class SolveStats:
         cell_updates: DP cells the O(W) method updated (0 for the other methods, and when the
             reductions settled every item).
         workers_used: Processes that computed, this one included.
+        path: What answered, for ``"auto"`` and ``"hirschberg"``: without caps ``"reductions"``
+            (they settled every item), ``"sparse"`` (the expanding core's sparse states;
+            ``cell_updates`` then counts states) or ``"hirschberg"``; with caps ``"frontier"``
+            (``cell_updates`` counts its entries) or ``"dense"``. Empty for the other methods.
     """
 
     method: str = ""
@@ -62,6 +66,7 @@ class SolveStats:
     core_capacity: int = 0
     cell_updates: int = 0
     workers_used: int = 1
+    path: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,10 +105,12 @@ def solve_knapsack(
 
     Which engine runs:
 
-    - without caps, ``"auto"`` and ``"hirschberg"`` run the uncapped dense engine (``dense/``): exact
+    - without caps, ``"auto"`` and ``"hirschberg"`` run the uncapped engine (``dense/``): exact
       reductions (all of them for ``"auto"``, only the trivial ones and the common divisor for
-      ``"hirschberg"``), then Hirschberg over value profiles on the core, on ``workers`` processes
-      when it is large; ``"dp"``, ``"greedy"`` and ``"ilp"`` run ``baselines.py`` (the planner's
+      ``"hirschberg"``); for ``"auto"`` then sparse states around the break item (``sparse/``,
+      minknap-style), and past a state bound (one state per capacity unit, at most 4M), as for
+      ``"hirschberg"``, Hirschberg over value profiles on the core, on ``workers`` processes when
+      it is large; ``"dp"``, ``"greedy"`` and ``"ilp"`` run ``baselines.py`` (the planner's
       additive baselines come here, without caps);
     - with ``prefix_capacities`` or ``skip_capacities`` (how the callback's planner calls it, with
       ``method=config.solver``, ``"auto"`` by default), the capped engine (``capped/``): for
@@ -178,6 +185,7 @@ def solve_knapsack(
             core_capacity=dense.core_capacity,
             cell_updates=dense.cells,
             workers_used=dense.workers_used,
+            path=dense.path,
         )
     elif method == "dp":
         chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)
@@ -213,7 +221,11 @@ def _solve_with_caps(
     if broken is not None:
         raise AssertionError(f"solver {stats.method!r} with prefix capacities: {broken}")
     return answer.chosen, dataclasses.replace(
-        stats, core_capacity=answer.core_capacity, cell_updates=answer.cells, workers_used=answer.workers_used
+        stats,
+        core_capacity=answer.core_capacity,
+        cell_updates=answer.cells,
+        workers_used=answer.workers_used,
+        path=answer.path,
     )
 
 

@@ -36,6 +36,7 @@ _INTEGER_RANGES: dict[str, tuple[int, int | None]] = {
     "group_window": (1, _MAX_INTEGER),
     "group_items": (1, 1024),
     "tile": (1, _MAX_INTEGER),
+    "sparse_max_states": (0, None),
 }
 
 
@@ -76,6 +77,11 @@ class SolverOptions:
 
     tile: int = 2048
     """Cells each item of a group updates before the next item follows, in the numba kernel."""
+
+    sparse_max_states: int = 1 << 22
+    """Without caps, ``"auto"`` first tries sparse states around the break item (``sparse/``); past
+    this many states made (4M, 32 MB of history), or one per capacity unit and item of the core,
+    Hirschberg takes over. ``0``: no sparse try (the dense path alone, as before)."""
 
     ilp_time_limit_s: float = 60.0
     """``method="ilp"`` raises ``TimeoutError`` when scipy's MILP has not proven an optimum within

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from lightning_ckpt.solver.capped.chain_bound import ChainDual, StateBounds, chain_dual, suffix_caps
+from lightning_ckpt.solver.sparse.pareto import merge
 
 __all__ = ["solve_sparse"]
 
@@ -48,20 +49,8 @@ def _step(fw: np.ndarray, fv: np.ndarray, w: int, v: float, take: int, skip: int
     """
     n_skip = int(fw.searchsorted(skip, side="right")) if skip >= 0 else 0
     n_take = int(fw.searchsorted(take, side="right")) if take >= 0 else 0
-    weights = np.concatenate((fw[:n_skip], fw[:n_take] + w))
-    values = np.concatenate((fv[:n_skip], fv[:n_take] + v))
-    if not len(weights):
-        return weights, values, np.zeros(0, dtype=np.int64), 0
-    order = weights.argsort(kind="stable")  # lighter first; at equal weight, skipped first
-    weights, values = weights[order], values[order]
-    keep = np.empty(len(values), dtype=np.bool_)
-    keep[0] = True
-    np.greater(values[1:], np.maximum.accumulate(values)[:-1], out=keep[1:])
-    kept = keep.nonzero()[0]
-    last = np.ones(len(kept), dtype=np.bool_)  # equal weights: the most valuable only
-    np.not_equal(weights[kept[1:]], weights[kept[:-1]], out=last[:-1])
-    kept = kept[last]
-    return weights[kept], values[kept], order[kept], n_skip
+    weights, values, source = merge(fw[:n_skip], fv[:n_skip], fw[:n_take] + w, fv[:n_take] + v)
+    return weights, values, source, n_skip
 
 
 def _rounded_value(weights, values, take, skip, caps, reduced) -> float:

@@ -3,16 +3,22 @@
 ``solve_knapsack`` runs it for ``method="auto"`` and ``"hirschberg"`` without prefix capacities
 (the planner's additive baselines call it so). ``"auto"`` applies every exact reduction
 (``reduce.py``: LP fixing, bundles of identical items, the weights' common divisor), which on
-plan-like instances settles almost every item; ``"hirschberg"`` keeps only the trivial ones and
-the common divisor. What is left, the *core*, goes to Hirschberg's divide and conquer
+plan-like instances settles almost every item, then tries the sparse states of ``sparse/minknap.py``
+(an expanding core around the break item), which answer uncorrelated and weakly correlated
+instances in milliseconds whatever W is; past ``max_sparse_states`` states (at most one per
+capacity unit, and ``SolverOptions.sparse_max_states``, 4M) it gives up. ``"hirschberg"`` keeps only the trivial reductions and the
+common divisor, and no sparse try. What is left, the *core*, goes to Hirschberg's divide and conquer
 (``hirschberg.py``) over value profiles (``profile.py``), in a helper thread that Ctrl-C stops:
 on worker processes sharing one arena when ``workers > 1`` and the core has at least
 ``SolverOptions.parallel_min_solve_cells`` cells, else in this process.
 
 Example:
     >>> answer = solve_uncapped(np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5]), 5, use_lp=False)
-    >>> answer.chosen.tolist(), answer.core_items, answer.workers_used
-    ([True, True, False], 3, 1)
+    >>> answer.chosen.tolist(), answer.core_items, answer.workers_used, answer.path
+    ([True, True, False], 3, 1, 'hirschberg')
+    >>> solve_uncapped(np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5]), 5, use_lp=True).path
+    'reductions'
+
 """
 
 from __future__ import annotations
@@ -26,8 +32,35 @@ from lightning_ckpt.solver.dense.reduce import Core, reduce_instance
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime import interrupt, pool
+from lightning_ckpt.solver.sparse.minknap import solve_minknap
 
-__all__ = ["DenseAnswer", "solve_uncapped"]
+__all__ = ["CELLS_PER_STATE", "SPARSE_MIN_CELLS", "DenseAnswer", "max_sparse_states", "solve_uncapped"]
+
+
+SPARSE_MIN_CELLS = 1 << 22
+"""Below this many dense cells (core items x (core capacity + 1)) Hirschberg runs at once: a few
+milliseconds at most, less than the sparse states' per-item steps cost on such cores."""
+
+CELLS_PER_STATE = 4096
+"""A sparse state costs about as much as this many dense cells (measured 2026-12-01: 29 ns a state,
+family B n=1000 W=4e6, where Hirschberg's 283 ms make 0.07 ns per core cell); the sparse try may
+make one state per this many cells, so that giving up wastes at most about a tenth of the dense
+time."""
+
+
+def max_sparse_states(items: int, capacity: int, options: SolverOptions) -> int:
+    """States the sparse try may make on a core (0: no try): one per ``CELLS_PER_STATE`` dense cells,
+    and one per capacity unit and item (8 bytes of history each, a third of the dense path's 24
+    bytes per unit), at most ``options.sparse_max_states``; none below ``SPARSE_MIN_CELLS``.
+
+    Example:
+        >>> max_sparse_states(100, 10_000, DEFAULT_OPTIONS), max_sparse_states(94, 6_478_072, DEFAULT_OPTIONS)
+        (0, 148666)
+    """
+    cells = items * (capacity + 1)
+    if cells < SPARSE_MIN_CELLS:
+        return 0
+    return min(options.sparse_max_states, capacity + items, cells // CELLS_PER_STATE)
 
 
 class DenseAnswer(NamedTuple):
@@ -40,9 +73,12 @@ class DenseAnswer(NamedTuple):
     core_capacity: int
     """The capacity left, in the core's weight units (divided by the common divisor)."""
     cells: int
-    """DP cells updated (0 when the reductions settled every item)."""
+    """DP cells updated, or states made on the sparse path (0 when the reductions settled every item)."""
     workers_used: int
     """Processes that computed, this one included."""
+    path: str
+    """``"reductions"`` (they settled every item), ``"sparse"`` (the sparse states answered) or
+    ``"hirschberg"``."""
 
 
 def solve_uncapped(
@@ -58,12 +94,17 @@ def solve_uncapped(
     all of them, as for ``"auto"``), then Hirschberg on what is left."""
     core = reduce_instance(weights, values, capacity, use_lp=use_lp)
     n, cap = len(core.weights), core.capacity
-    mask, cells, used = np.zeros(n, dtype=np.bool_), 0, 1
-    if n and cap:
-        mask, cells, used = _solve_core(core, workers, options)
+    mask, cells, used, path = np.zeros(n, dtype=np.bool_), 0, 1, "reductions"
+    sparse, most = None, max_sparse_states(n, cap, options)
+    if use_lp and most:
+        sparse = solve_minknap(core.weights, core.values, cap, most)
+    if sparse is not None:
+        (mask, cells), path = sparse, "sparse"
+    elif n and cap:
+        (mask, cells, used), path = _solve_core(core, workers, options), "hirschberg"
     chosen = np.zeros(len(weights), dtype=np.bool_)
     chosen[core.expand(mask)] = True
-    return DenseAnswer(chosen, n, cap, cells, used)
+    return DenseAnswer(chosen, n, cap, cells, used, path)
 
 
 def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.ndarray, int, int]:

@@ -1,0 +1,125 @@
+"""The sparse states of the uncapped engine (``solver/sparse/``): brute force, HiGHS, the dense path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lightning_ckpt.solver import SolverOptions, solve_knapsack
+from lightning_ckpt.solver.dense.solve import max_sparse_states
+from lightning_ckpt.solver.options import DEFAULT_OPTIONS
+from lightning_ckpt.solver.sparse.minknap import solve_minknap
+from lightning_ckpt.solver.sparse.pareto import merge
+from tests.test_solver_oracle import assert_optimal, brute_force_value
+
+KINDS = ("uncorrelated", "weakly correlated", "strongly correlated")
+DENSE = SolverOptions(sparse_max_states=0)
+
+
+def pisinger_instance(kind: str, n: int, top: int, rng: np.random.Generator):
+    """Weights uniform in ``[1, top]`` and values as in Pisinger's three classic families."""
+    weights = rng.integers(1, top + 1, n).astype(np.int64)
+    if kind == "uncorrelated":
+        values = rng.uniform(1, top, n)
+    elif kind == "weakly correlated":
+        values = np.maximum(1.0, weights + rng.uniform(-top / 10, top / 10, n))
+    else:
+        values = weights + top / 10
+    return weights, values
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_minknap_matches_brute_force(kind):
+    rng = np.random.default_rng(KINDS.index(kind))
+    for i in range(300):
+        n = int(rng.integers(1, 12))
+        weights, values = pisinger_instance(kind, n, int(rng.integers(1, 40)), rng)
+        if i % 3 == 0:
+            values = np.round(values)  # ties
+        capacity = int(rng.integers(0, weights.sum() + 2))
+        chosen, states = solve_minknap(weights, values, capacity, max_states=10**6)
+        assert int(weights[chosen].sum()) <= capacity and states >= 0
+        assert float(values[chosen].sum()) == pytest.approx(
+            brute_force_value(weights, values, capacity), rel=1e-12
+        )
+
+
+def test_minknap_never_exceeds_the_capacity_where_pytorch_did():
+    chosen, _ = solve_minknap(np.array([1, 1, 1]), np.array([1.0, 1.0, 1.0]), 1, max_states=100)
+    assert chosen.sum() == 1
+
+
+HIGHS_CASES = [(kind, 200, 200_000) for kind in KINDS] + [(kind, 400, 3_000_000) for kind in KINDS[:2]]
+"""(HiGHS proves no optimum within a minute on strongly correlated items at n = 400, W = 3e6.)"""
+
+
+@pytest.mark.parametrize("kind, n, capacity", HIGHS_CASES)
+def test_auto_matches_highs_with_zero_gap(kind, n, capacity):
+    pytest.importorskip("scipy")
+    rng = np.random.default_rng(n)
+    weights, values = pisinger_instance(kind, n, 4 * capacity // n, rng)
+    result = solve_knapsack(weights, values, capacity)
+    reference = solve_knapsack(weights, values, capacity, method="ilp")
+    assert result.weight <= capacity
+    assert result.value == pytest.approx(reference.value, rel=1e-9)
+    if capacity > 10**6 and kind != "strongly correlated":  # (small cores go to Hirschberg at once)
+        assert result.stats.path == "sparse"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sparse_and_dense_paths_give_the_same_value(kind):
+    rng = np.random.default_rng(7)
+    paths = set()
+    for _ in range(5):
+        weights, values = pisinger_instance(kind, 40, 200_000, rng)
+        capacity = int(weights.sum() // 2)
+        sparse = solve_knapsack(weights, values, capacity)
+        dense = solve_knapsack(weights, values, capacity, options=DENSE)
+        assert dense.stats.path in ("hirschberg", "reductions")
+        assert_optimal(sparse, weights, values, capacity, dense.value)
+        paths.add(sparse.stats.path)
+    assert kind == "strongly correlated" or "sparse" in paths
+
+
+def test_past_the_state_bound_hirschberg_takes_over():
+    rng = np.random.default_rng(3)
+    weights, values = pisinger_instance("strongly correlated", 80, 100_000, rng)
+    capacity = int(weights.sum() // 2)
+    assert solve_minknap(weights, values, capacity, max_states=50) is None
+    few = solve_knapsack(weights, values, capacity, options=SolverOptions(sparse_max_states=50))
+    assert few.stats.path == "hirschberg" and few.stats.cell_updates > 0
+    assert few.value == pytest.approx(solve_knapsack(weights, values, capacity, method="ilp").value, rel=1e-9)
+
+
+def test_the_state_bound_follows_the_dense_cells():
+    """At most one state per capacity unit and item (never more memory than the dense path) and per
+    4096 dense cells (giving up costs a tenth of the dense time); none on small cores."""
+    assert max_sparse_states(10, 1000, DEFAULT_OPTIONS) == 0  # 10,010 cells: Hirschberg at once
+    assert max_sparse_states(1000, 10**6, DEFAULT_OPTIONS) == (1000 * (10**6 + 1)) // 4096
+    assert max_sparse_states(10**4, 10**4, DEFAULT_OPTIONS) == 2 * 10**4  # one per unit and item
+    assert max_sparse_states(2000, 10**9, DEFAULT_OPTIONS) == DEFAULT_OPTIONS.sparse_max_states
+    assert max_sparse_states(2000, 10**9, DENSE) == 0
+    small = solve_knapsack([3, 4, 5], [3.0, 4.5, 5.0], 8)
+    assert small.stats.path == "hirschberg"
+
+
+def test_merge_keeps_the_undominated_states_and_their_sources():
+    w, v, source = merge(
+        np.array([0, 4]), np.array([0.0, 5.0]), np.array([2, 4, 6]), np.array([1.0, 5.0, 4.0])
+    )
+    assert (w.tolist(), v.tolist(), source.tolist()) == ([0, 2, 4], [0.0, 1.0, 5.0], [0, 2, 1])
+
+
+def test_sparse_states_import_no_engine():
+    """``solver/sparse/`` stands on numpy alone: both engines share it, it imports neither of them."""
+    import ast
+    from pathlib import Path
+
+    import lightning_ckpt.solver.sparse as room
+
+    for path in Path(room.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        inside = [m for m in names if m.startswith("lightning_ckpt")]
+        assert all(m.startswith("lightning_ckpt.solver.sparse") for m in inside), (path.name, inside)
