@@ -26,7 +26,7 @@ from lightning_ckpt._compat import lightning_device_mesh
 from lightning_ckpt.core.fsdp2 import user_class
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.fake_run import RunProfile, profile_run_on_fake_tensors
-from lightning_ckpt.lightning.fsdp_twin import twin_profile
+from lightning_ckpt.lightning.fsdp_twin import twin_profile, twin_run_config
 from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig, module_spec
 
 __all__ = ["fsdp2_run_config", "fsdp2_twin_profile"]
@@ -52,14 +52,8 @@ def fsdp2_twin_profile(
 def fsdp2_run_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> RunConfig:
     """What ``lightning-ckpt plan`` would read from a config for this fit: the model's class and
     hyperparameters, the precision, devices, nodes and ``ModelParallelStrategy``."""
-    strategy = trainer.strategy
-    settings = {
-        "precision": str(trainer.precision),
-        "devices": int(getattr(strategy, "num_processes", 1) or 1),
-        "num_nodes": int(getattr(strategy, "num_nodes", 1) or 1),
-        "strategy": ClassSpec("lightning.pytorch.strategies.ModelParallelStrategy"),
-    }
-    return RunConfig(module_spec(pl_module, user_class(pl_module)), None, settings, None)
+    strategy = ClassSpec("lightning.pytorch.strategies.ModelParallelStrategy")
+    return twin_run_config(trainer, module_spec(pl_module, user_class(pl_module)), strategy)
 
 
 def _check_same_parameters(profiled: RunProfile, pl_module: torch.nn.Module) -> None:

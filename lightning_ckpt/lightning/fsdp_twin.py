@@ -28,7 +28,7 @@ from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.fake_run import RunProfile, profile_run_on_fake_tensors
 from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig, module_spec
 
-__all__ = ["fsdp_run_config", "fsdp_twin_profile", "twin_profile"]
+__all__ = ["fsdp_run_config", "fsdp_twin_profile", "twin_profile", "twin_run_config"]
 
 
 def fsdp_twin_profile(
@@ -90,10 +90,18 @@ def fsdp_run_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> RunCo
         "auto_wrap_policy": strategy.kwargs.get("auto_wrap_policy"),
         "mixed_precision": strategy.mixed_precision_config,
     }
+    return twin_run_config(
+        trainer, module_spec(pl_module), ClassSpec("lightning.pytorch.strategies.FSDPStrategy", strategy_args)
+    )
+
+
+def twin_run_config(trainer: pl.Trainer, model: ClassSpec, strategy: ClassSpec) -> RunConfig:
+    """The run config of a twin: ``model`` trained under ``strategy`` with the live trainer's precision,
+    devices and nodes."""
     settings = {
         "precision": str(trainer.precision),
-        "devices": int(getattr(strategy, "num_processes", 1) or 1),
-        "num_nodes": int(getattr(strategy, "num_nodes", 1) or 1),
-        "strategy": ClassSpec("lightning.pytorch.strategies.FSDPStrategy", strategy_args),
+        "devices": int(getattr(trainer.strategy, "num_processes", 1) or 1),
+        "num_nodes": int(getattr(trainer.strategy, "num_nodes", 1) or 1),
+        "strategy": strategy,
     }
-    return RunConfig(module_spec(pl_module), None, settings, None)
+    return RunConfig(model, None, settings, None)

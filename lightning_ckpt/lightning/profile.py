@@ -77,10 +77,9 @@ def profile_in_fit(
     """
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
     with checkpointing_removed(pl_module), iteration_state_reset(pl_module):
-        if is_fsdp2(pl_module):
-            profile = _fsdp2_profile(trainer, pl_module, batch, candidates, optimizer)
-        elif _is_fsdp(trainer):
-            profile = _fsdp_profile(trainer, pl_module, batch, candidates, optimizer)
+        if is_fsdp2(pl_module) or _is_fsdp(trainer):
+            twin = fsdp2_twin_profile if is_fsdp2(pl_module) else fsdp_twin_profile
+            profile = _twin_profile(twin(trainer, pl_module, batch, candidates), pl_module, optimizer)
         else:
             profile = _fake_profile(trainer, pl_module, batch, candidates, optimizer)
         if profile is None:
@@ -115,21 +114,12 @@ def _fake_profile(
     return dataclasses.replace(profile, optimizer_step_bytes=optimizer_bytes)
 
 
-def _fsdp_profile(
-    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, candidates: Sequence[str], optimizer: Any
+def _twin_profile(
+    profile: StepProfile | None, pl_module: pl.LightningModule, optimizer: Any
 ) -> StepProfile | None:
-    """FSDP: memory on a fake full-size twin (static memory sharded), the optimizer step's temporaries on
-    fake twins of the live sharded parameters."""
-    profile = fsdp_twin_profile(trainer, pl_module, batch, candidates)
-    return None if profile is None else _with_optimizer_step(profile, pl_module, optimizer)
-
-
-def _fsdp2_profile(
-    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, candidates: Sequence[str], optimizer: Any
-) -> StepProfile | None:
-    """FSDP2: memory on a fake twin sharded as the live model is (FSDP2 running on fake tensors), the
-    optimizer step's temporaries on fake twins of the live shards."""
-    profile = fsdp2_twin_profile(trainer, pl_module, batch, candidates)
+    """FSDP and FSDP2: the memory profile of a fake twin (FSDP: full-size, static memory sharded; FSDP2:
+    sharded as the live model is), with the optimizer step's temporaries measured on fake twins of the
+    live shards; ``None`` when the twin could not be profiled."""
     return None if profile is None else _with_optimizer_step(profile, pl_module, optimizer)
 
 
