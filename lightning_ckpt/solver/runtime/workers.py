@@ -28,9 +28,12 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
+
+from lightning_ckpt.solver.runtime.jit import IN_MEMORY_WARNING
 
 __all__ = ["IDLE_RELEASE_S", "WorkerDied", "borrowed", "kill_workers", "live_worker_pids", "shutdown_workers"]
 
@@ -257,6 +260,7 @@ def exit_with_parent(parent_pid: int) -> None:
 def worker_main(fd_socket: int) -> None:
     """Serve requests from stdin until told to stop or stdin closes (runs in the worker)."""
     exit_with_parent(os.getppid())
+    warnings.filterwarnings("ignore", message=IN_MEMORY_WARNING)  # the calling process warns once
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints must not corrupt the message stream
     requests = sys.stdin.buffer

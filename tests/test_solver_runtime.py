@@ -1,0 +1,132 @@
+"""The solver's runtime where the machine is unfriendly: no writable numba cache, a broken numba.
+
+Each numba case runs in a subprocess on a copy of the package, so this process's loaded kernels
+and caches are untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_ckpt.solver.runtime import backend
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lightning_ckpt"
+PROBE = """
+import warnings
+warnings.simplefilter("always")
+import numpy as np
+from lightning_ckpt.solver import solve_knapsack
+from lightning_ckpt.solver.runtime import backend
+backend.load_numba()
+rng = np.random.default_rng(0)
+w = rng.integers(1, 100, 60)
+v = w * rng.uniform(0.9, 1.1, 60)
+plain = solve_knapsack(w, v, 1500, method="hirschberg")
+capped = solve_knapsack(w, v, 1500, method="hirschberg", prefix_capacities=1500 - w)
+loaded = [m is not None for m in backend._LOADED.values()]
+print(plain.value, plain.chosen, capped.value, capped.chosen, loaded)
+"""
+
+numba_only = pytest.mark.skipif(backend.KERNEL != "numba", reason="numba is not installed or is off")
+
+
+def _read_only_install(root: Path) -> Path:
+    """A copy of the package under ``root`` that nobody can write to, root included: every
+    ``__pycache__`` is a regular file (so mkdir fails even where chmod does not stop root)."""
+    shutil.copytree(PACKAGE, root / "lightning_ckpt", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in [root / "lightning_ckpt", *(root / "lightning_ckpt").rglob("*")]:
+        if folder.is_dir():
+            (folder / "__pycache__").write_text("not a directory")
+    (root / "home").write_text("not a directory either")  # HOME and XDG_CACHE_HOME under a file
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    return root
+
+
+def _writable_again(root: Path) -> None:
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+
+
+def _probe(root: Path, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "LIGHTNING_CKPT_NO_NUMBA")}
+    base |= {
+        "PYTHONPATH": str(root),
+        "HOME": str(root / "home" / "h"),
+        "XDG_CACHE_HOME": str(root / "home" / "c"),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", PROBE], env=base | env, cwd=root, capture_output=True, text=True, timeout=120
+    )
+
+
+@functools.cache
+def _reference() -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env=os.environ | {"LIGHTNING_CKPT_NO_NUMBA": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.rsplit(" [", 1)[0]  # the answers, without the list of loaded modules
+
+
+@numba_only
+@pytest.mark.parametrize(
+    "cache_dir", [None, "unwritable"], ids=["no-cache-dir", "unwritable-NUMBA_CACHE_DIR"]
+)
+def test_a_read_only_install_and_home_compile_in_memory_with_one_warning(tmp_path, cache_dir):
+    root = _read_only_install(tmp_path)
+    try:
+        env = {} if cache_dir is None else {"NUMBA_CACHE_DIR": str(root / "home" / "numba")}
+        done = _probe(root, **env)
+    finally:
+        _writable_again(root)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("[True, True]")  # numba ran, from memory
+    assert done.stdout.rsplit(" [", 1)[0] == _reference()
+    assert done.stderr.count("RuntimeWarning") == 1, done.stderr
+    assert "numba cannot cache the knapsack solver's compiled kernels" in done.stderr
+    assert "Set NUMBA_CACHE_DIR to a writable directory" in done.stderr
+
+
+@numba_only
+def test_a_writable_NUMBA_CACHE_DIR_is_used_by_a_read_only_install(tmp_path):
+    root = _read_only_install(tmp_path / "install")
+    cache = tmp_path / "cache"
+    try:
+        done = _probe(root, NUMBA_CACHE_DIR=str(cache))
+    finally:
+        _writable_again(root)
+    assert done.returncode == 0, done.stderr
+    assert "RuntimeWarning" not in done.stderr, done.stderr
+    assert done.stdout.strip().endswith("[True, True]")
+    assert {p.suffix for p in cache.rglob("*")} >= {".nbi", ".nbc"}  # the kernels were cached there
+
+
+def test_a_kernel_module_that_fails_to_load_falls_back_to_numpy_with_one_warning(monkeypatch):
+    if backend.KERNEL != "numba":
+        monkeypatch.setattr(backend, "KERNEL", "numba")
+    monkeypatch.setattr(backend, "_LOADED", {})
+
+    def broken(name):
+        raise RuntimeError("cannot cache function '_apply': no locator available")
+
+    monkeypatch.setattr(backend.importlib, "import_module", broken)
+    with pytest.warns(
+        RuntimeWarning, match=r"numba kernels cannot be loaded \(RuntimeError: cannot cache"
+    ) as caught:
+        backend.load_numba()
+        assert backend.compiled(1 << 30, backend.DENSE_NUMBA) is None
+        assert backend.compiled(1 << 30, backend.CAPPED_NUMBA) is None
+    assert len(caught) == 1
