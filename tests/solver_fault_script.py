@@ -4,7 +4,7 @@ Usage: python tests/solver_fault_script.py WORKERS, or ``ilp`` for a long ``meth
 ``capped`` for a long dense solve with prefix capacities (one kernel call of several seconds), or
 ``small-shm`` for a parallel solve under a tiny /dev/shm (prints ``exact`` and the size of /dev/shm). Prints ``ready PID...`` (the worker
 processes' ids) just before a solve of several seconds, then, if that solve is interrupted,
-``interrupted``, and ``exact`` once three later solves on ``WORKERS`` processes have matched
+``interrupted`` (or ``died`` and the error, where a worker was killed or stopped), and ``exact`` once three later solves on ``WORKERS`` processes have matched
 the one-process answer (and ``stale PID...`` if a worker from before the interrupt survived).
 """
 
@@ -52,6 +52,8 @@ def main() -> None:
         print("finished", flush=True)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
+    except solver_workers.WorkerDied as exc:
+        print("died", exc, flush=True)
     for _ in range(3):
         result = solve_knapsack(*small, workers=workers, options=EAGER)
         if result != reference or result.stats.workers_used != workers:

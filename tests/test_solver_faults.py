@@ -1,5 +1,6 @@
-"""The solver under faults: Ctrl-C of the process or of its group, a killed worker, SIGKILL of
-the whole group, no room for shared memory, more workers than CPUs, an idle pool.
+"""The solver under faults: Ctrl-C of the process or of its group, a killed or stopped worker,
+SIGKILL of the whole group or of the caller alone (its workers running or stopped), no room for
+shared memory, more workers than CPUs, an idle pool.
 
 Signals go to subprocesses (``solver_fault_script.py``, each in a session of its own), never to
 the pytest process.
@@ -7,6 +8,7 @@ the pytest process.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -102,6 +104,45 @@ def test_workers_end_when_their_parent_is_killed_alone_mid_kernel():
         time.sleep(0.05)
     assert worker_pids and all(_gone(pid) for pid in worker_pids)
     assert time.monotonic() < deadline
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
+def test_a_stopped_or_killed_worker_ends_the_solve_promptly_with_a_clear_error(sig):
+    """A worker stopped mid-solve would block its caller for ever; one killed was noticed only after
+    the caller's own task (1.4-9 s). Now: WorkerDied within the stop grace (1 s) or at once."""
+    child, worker_pids = _start(2)
+    try:
+        sent = time.monotonic()
+        os.kill(worker_pids[0], sig)
+        words = child.stdout.readline().split(maxsplit=1)
+        seconds_to_error = time.monotonic() - sent
+        assert child.stdout.readline().strip() == "exact"  # the pool was reset: fresh workers, exact
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker_pids[0], signal.SIGKILL)  # a stopped one ends too
+    how = "was stopped (SIGSTOP or a debugger) for 1 s" if sig == signal.SIGSTOP else "exited with code -9"
+    assert words[0] == "died" and f"(pid {worker_pids[0]}) {how}; its pool was reset" in words[1], words
+    assert seconds_to_error < (1.0 + 3.0 if sig == signal.SIGSTOP else 3.0), seconds_to_error  # loaded CI
+    assert _gone(worker_pids[0])
+
+
+def test_a_stopped_worker_ends_within_a_second_of_its_parent():
+    """``kill -9`` of the caller while its worker is stopped: a stopped process runs no watch, but
+    the kernel's parent-death SIGKILL ends it too."""
+    child, worker_pids = _start(2)
+    os.kill(worker_pids[0], signal.SIGSTOP)
+    time.sleep(0.2)
+    killed = time.monotonic()
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=10)
+    while not _gone(worker_pids[0]) and time.monotonic() < killed + 5:
+        time.sleep(0.01)
+    seconds_to_gone = time.monotonic() - killed
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(worker_pids[0], signal.SIGKILL)
+    assert seconds_to_gone < 1.0, seconds_to_gone
 
 
 def _shared_files(pid: int) -> set[str]:
