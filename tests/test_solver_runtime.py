@@ -1,4 +1,5 @@
-"""The solver's runtime where the machine is unfriendly: no writable numba cache, a broken numba.
+"""The solver's runtime where the machine is unfriendly: no writable numba cache, a broken numba,
+a worker that hangs or is stopped.
 
 Each numba case runs in a subprocess on a copy of the package, so this process's loaded kernels
 and caches are untouched.
@@ -8,14 +9,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from lightning_ckpt.solver.runtime import backend
+from lightning_ckpt.solver.runtime import backend, guard
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_ckpt"
 ANSWERS = """
@@ -128,3 +132,50 @@ def test_a_kernel_module_that_fails_to_load_falls_back_to_numpy_with_one_warning
         assert backend.compiled(1 << 30, backend.DENSE_NUMBA) is None
         assert backend.compiled(1 << 30, backend.CAPPED_NUMBA) is None
     assert len(caught) == 1
+
+
+class _Sleeper:
+    """A stand-in worker: a live process that never answers (``guard`` reads ``proc`` and
+    ``fault`` and calls ``kill``)."""
+
+    fault = None
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+
+@pytest.mark.parametrize("fault", ["hung", "stopped"])
+def test_the_guard_gives_up_a_hung_or_stopped_worker_and_stops_the_solve(monkeypatch, fault):
+    monkeypatch.setattr(guard, "DEADLINE_FLOOR_S", 0.3)
+    monkeypatch.setattr(guard, "STOPPED_GRACE_S", 0.3)
+    worker, stop = _Sleeper(), np.zeros(1, dtype=np.uint8)
+    watch = guard.WorkerGuard([worker], stop)
+    try:
+        if fault == "hung":
+            watch.expect(worker, cells=0)
+        else:
+            os.kill(worker.proc.pid, signal.SIGSTOP)
+        worker.proc.wait(timeout=10)  # the guard kills it
+    finally:
+        watch.close()
+        worker.kill()
+    assert watch.fault is worker and stop[0] == 1
+    expected = "did not answer within its deadline" if fault == "hung" else "was stopped (SIGSTOP"
+    assert worker.fault.startswith(expected), worker.fault
+
+
+def test_the_guard_leaves_a_worker_that_answers_in_time_alone(monkeypatch):
+    monkeypatch.setattr(guard, "DEADLINE_FLOOR_S", 0.2)
+    worker, stop = _Sleeper(), np.zeros(1, dtype=np.uint8)
+    watch = guard.WorkerGuard([worker], stop)
+    try:
+        watch.expect(worker, cells=10**12)  # a big task: a deadline far beyond the floor
+        time.sleep(0.5)
+        alive = worker.proc.poll() is None
+    finally:
+        watch.close()
+        worker.kill()
+    assert alive and watch.fault is None and stop[0] == 0
