@@ -179,3 +179,32 @@ def test_the_guard_leaves_a_worker_that_answers_in_time_alone(monkeypatch):
         watch.close()
         worker.kill()
     assert alive and watch.fault is None and stop[0] == 0
+
+
+INTERRUPTED_SOLVE = """
+import os, signal, threading, time
+from lightning_ckpt.solver.runtime import interrupt
+finished = []
+def work(stop):
+    while not stop[0]:
+        time.sleep(0.01)
+    time.sleep(0.3)  # the stopped kernel finishes its item
+    finished.append(True)
+stop = interrupt.new_stop_flag()
+for delay_s in (0.2, 0.35):  # Ctrl-C, and again while the helper finishes
+    threading.Timer(delay_s, os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    interrupt.run_interruptibly(lambda: work(stop), stop)
+except KeyboardInterrupt:
+    print("interrupted", "after the helper" if finished else "before the helper finished")
+"""
+
+
+def test_ctrl_c_leaves_only_after_the_helper_thread_has_finished():
+    """On Python 3.11 a ``Thread.join`` interrupted by Ctrl-C marks the running thread as ended, so the
+    interrupt used to leave while the solve still ran (and held its arena and workers)."""
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_SOLVE], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted after the helper"
