@@ -30,6 +30,7 @@ EAGER = SolverOptions(
     parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=0, sparse_max_states=0
 )
 KERNEL_RUNNING_S = 0.7  # after "ready": the long solve is deep in its kernels by then
+INTERRUPT_BOUND_S = 3.0  # Ctrl-C to the end of the interrupted solve, on a busy CI machine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="Linux-only fault handling")
 
@@ -91,7 +92,10 @@ def test_ctrl_c_stops_the_solve_within_a_second_and_later_solves_are_exact(worke
         assert child.wait(timeout=30) == 0
     finally:
         child.kill()
-    assert seconds_to_interrupt < 1.0
+    # the interrupt leaves once the solve's helper thread has ended (its kernel stops before its next
+    # group of items): 0.1 s in one process, up to 1.8 s with two on this loaded 2-core VM. (On
+    # Python 3.11 it used to leave at once, the solve still running behind it.)
+    assert seconds_to_interrupt < INTERRUPT_BOUND_S
 
 
 def test_workers_end_when_their_parent_is_killed_alone_mid_kernel():
