@@ -208,3 +208,35 @@ def test_ctrl_c_leaves_only_after_the_helper_thread_has_finished():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted after the helper"
+
+
+UNDER_ULIMIT = """
+import resource, time
+import numpy as np
+from lightning_ckpt.solver import solve_knapsack
+from lightning_ckpt.solver.runtime.limits import _mapped_bytes, mappable_bytes
+limit = _mapped_bytes()["VmSize"] + 2**30  # ulimit -v: 1 GiB more than is mapped now
+resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+assert 0 < mappable_bytes() <= 2**30, mappable_bytes()
+rng = np.random.default_rng(6)
+capacity = 140_000_000  # the paper's W: two profiles of 1.1 GB each
+weights = rng.integers(capacity // 200, capacity // 20, 300)
+values = weights * rng.uniform(0.9, 1.1, 300)
+started = time.monotonic()
+try:
+    solve_knapsack(weights, values, capacity, method="hirschberg", prefix_capacities=capacity - weights)
+except MemoryError as exc:
+    print(f"{time.monotonic() - started:.2f}", exc)
+"""
+
+
+def test_a_capped_solve_under_ulimit_v_refuses_up_front_with_the_librarys_advice():
+    done = subprocess.run([sys.executable, "-c", UNDER_ULIMIT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seconds, message = done.stdout.split(" ", 1)
+    assert message.startswith("the capped O(W) solver's profiles (capacity 140000000) needs 4.17 GiB"), (
+        message
+    )
+    assert "(the room left under this process's `ulimit -v`/`-d`)" in message
+    assert "a larger `quantum_bytes`" in message and message.strip().endswith("or raise the limit")
+    assert float(seconds) < 5.0  # before any pass over the items (numpy's own MemoryError came after them)
