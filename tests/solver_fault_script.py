@@ -22,9 +22,9 @@ from lightning_ckpt.solver.runtime import workers as solver_workers  # noqa: E40
 
 # workers on small solves too, and no sparse try (it would answer them in this process)
 EAGER = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0, sparse_max_states=0)
-DENSE = SolverOptions(
-    sparse_max_states=0
-)  # the long solve: Hirschberg, as the sparse states finish it at once
+# the long solve: Hirschberg (the sparse states would finish it at once), on the workers even when
+# the machine's CPUs are busy
+DENSE = SolverOptions(sparse_max_states=0, parallel_min_solve_cells=0)
 
 
 def instance(n_items: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -1,5 +1,6 @@
 """The solver's runtime where the machine is unfriendly: no writable numba cache, a broken numba,
-a worker that hangs or is stopped.
+a worker that hangs or is stopped,
+an address-space limit, Ctrl-C on Python 3.11, busy CPUs.
 
 Each numba case runs in a subprocess on a copy of the package, so this process's loaded kernels
 and caches are untouched.
@@ -19,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_ckpt.solver.runtime import backend, guard
+from lightning_ckpt.solver import SolverOptions, solve_knapsack
+from lightning_ckpt.solver.runtime import backend, cpus, guard
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_ckpt"
 ANSWERS = """
@@ -240,3 +242,33 @@ def test_a_capped_solve_under_ulimit_v_refuses_up_front_with_the_librarys_advice
     assert "(the room left under this process's `ulimit -v`/`-d`)" in message
     assert "a larger `quantum_bytes`" in message and message.strip().endswith("or raise the limit")
     assert float(seconds) < 5.0  # before any pass over the items (numpy's own MemoryError came after them)
+
+
+def _cpus_busy(monkeypatch, runnable_threads: int) -> None:
+    """This machine seen as 2 CPUs with ``runnable_threads`` threads runnable (the looker among them)."""
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(cpus.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cpus, "_runnable_threads", lambda: runnable_threads)
+
+
+@pytest.mark.parametrize(("runnable", "idle", "room"), [(1, 2.0, True), (2, 1.0, False), (9, 0.0, False)])
+def test_idle_cpus_count_the_run_queue_beside_the_looker(monkeypatch, runnable, idle, room):
+    _cpus_busy(monkeypatch, runnable)
+    assert cpus.idle_cpus() == idle and cpus.room_for(2) is room and cpus.room_for(1)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs for workers=2")
+@pytest.mark.parametrize(("runnable", "min_cells", "used"), [(1, 1, 2), (9, 1, 1), (9, 0, 2)])
+def test_a_parallel_solve_runs_in_one_process_when_the_cpus_are_busy(monkeypatch, runnable, min_cells, used):
+    """Busy CPUs: one process (a second one only competes); ``parallel_min_solve_cells=0`` forces
+    the workers. The answer is the same either way."""
+    _cpus_busy(monkeypatch, runnable)
+    rng = np.random.default_rng(5)
+    weights = rng.integers(1, 300, 80)
+    values = weights * rng.uniform(0.9, 1.1, 80)
+    options = SolverOptions(
+        parallel_min_solve_cells=min_cells, parallel_min_task_cells=0, sparse_max_states=0
+    )
+    result = solve_knapsack(weights, values, 4_000, workers=2, options=options)
+    assert result.stats.workers_used == used and result.stats.path == "hirschberg"
+    assert result == solve_knapsack(weights, values, 4_000)

@@ -43,7 +43,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
-from lightning_ckpt.solver.runtime import workers
+from lightning_ckpt.solver.runtime import cpus, workers
 from lightning_ckpt.solver.runtime.guard import WorkerGuard
 from lightning_ckpt.solver.runtime.interrupt import SolveStopped, raise_if_stopped
 
@@ -252,7 +252,10 @@ def solve_on_workers(
     solve: Callable[[PoolExecutor], T],
 ) -> T | None:
     """``solve(executor)`` on ``count`` processes (this one included) sharing an arena of ``n_floats``
-    entries, or None (one warning) where the shared arena has no room."""
+    entries; None where the CPUs are busy (``cpus.room_for``, unless ``options.parallel_min_solve_cells``
+    is 0: forced) or, with one warning, where the shared arena has no room."""
+    if options.parallel_min_solve_cells > 0 and not cpus.room_for(count):
+        return None
     arena = shared_arena(n_floats)
     if arena is None:
         return None
