@@ -89,7 +89,7 @@ def _format(rows: list[tuple[int, int, dict[str, list[float]]]]) -> str:
         one, forced, decided = (statistics.median(t[name]) for name, _, _ in SETTINGS)
         used = "/".join(str(u) for u in t["used"])
         lines.append(
-            f"| {n_items} | {capacity:.0e} | {t['cells'][0]:.2e} | {one:.3f} | {forced:.3f} | {one / forced:.2f} "
+            f"| {n_items} | {capacity:.2g} | {t['cells'][0]:.2e} | {one:.3f} | {forced:.3f} | {one / forced:.2f} "
             f"| {decided:.3f} | {one / decided:.2f} | {used} |"
         )
     return "\n".join(lines)

@@ -9,13 +9,14 @@ The executor then raises ``WorkerDied`` with the worker's reason, and the pool i
 
 A task's deadline grows with its size: ``task_deadline_s(cells)`` is at least ``DEADLINE_FLOOR_S``
 (room for a worker compiling its kernels in memory on a busy machine), plus one second per
-``DEADLINE_CELLS_PER_S`` cells (a rate 100-200x below numba's and ~20x below numpy's kernels).
+``DEADLINE_CELLS_PER_S`` cells (a rate ~500x below numba's kernels and 50-100x below numpy's, so
+that even a worker on numpy kernels on a machine loaded 10x over is not taken for a hung one).
 The clock advances only while the guard itself runs, at most ``2 * POLL_S`` per look, so a whole
 process group stopped and continued (Ctrl-Z, then ``fg``) does not expire the deadlines.
 
 Example:
     >>> task_deadline_s(0), task_deadline_s(10**10)
-    (30.0, 1030.0)
+    (30.0, 5030.0)
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ STOPPED_GRACE_S = 1.0
 """Seconds a worker may stay stopped (``SIGSTOP``) before the solve gives it up."""
 DEADLINE_FLOOR_S = 30.0
 """The shortest deadline of any request to a worker, in seconds."""
-DEADLINE_CELLS_PER_S = 1e7
+DEADLINE_CELLS_PER_S = 2e6
 """The slowest rate of DP cell updates a live worker is allowed before it counts as hung."""
 
 
