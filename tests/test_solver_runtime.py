@@ -272,3 +272,35 @@ def test_a_parallel_solve_runs_in_one_process_when_the_cpus_are_busy(monkeypatch
     result = solve_knapsack(weights, values, 4_000, workers=2, options=options)
     assert result.stats.workers_used == used and result.stats.path == "hirschberg"
     assert result == solve_knapsack(weights, values, 4_000)
+
+
+FORKED = """
+import os
+import numpy as np
+from lightning_ckpt.solver import SolverOptions, solve_knapsack
+from lightning_ckpt.solver.runtime import workers
+eager = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=0, sparse_max_states=0)
+rng = np.random.default_rng(3)
+w = rng.integers(1, 300, 80)
+v = w * rng.uniform(0.9, 1.1, 80)
+alone = solve_knapsack(w, v, 4000)
+solve_knapsack(w, v, 4000, workers=2, options=eager)  # the parent's pool is up
+parents = workers.live_worker_pids()
+child = os.fork()
+if child == 0:
+    mine = solve_knapsack(w, v, 4000, workers=2, options=eager)
+    ok = mine == alone and mine.stats.workers_used == 2 and not set(parents) & set(workers.live_worker_pids())
+    workers.shutdown_workers()
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(child, 0)
+again = solve_knapsack(w, v, 4000, workers=2, options=eager)
+print(os.waitstatus_to_exitcode(status), again == alone, workers.live_worker_pids() == parents)
+"""
+
+
+def test_a_forked_child_starts_its_own_workers_and_leaves_its_parents_alone():
+    """A fork (a DataLoader worker, say) inherits the pool's list but not its spawner thread or its
+    lock: it forgets the parent's workers and starts its own; the parent keeps its pool."""
+    done = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True", "True"]

@@ -136,6 +136,18 @@ _TIMER: list[threading.Timer] = []
 _LAST_USED_S = [0.0]  # time.monotonic() at the end of the last solve on the pool
 
 
+def _forget_the_parents_pool() -> None:
+    """In a forked child: the parent's workers, timer and lock (held or not) are not this process's."""
+    global _POOL_LOCK
+    _POOL.clear()
+    _TIMER.clear()
+    _POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_parents_pool)
+
+
 @contextlib.contextmanager
 def borrowed(count: int) -> Iterator[list[_Worker]]:
     """Hold ``count`` live worker processes for one solve.
@@ -158,28 +170,29 @@ def borrowed(count: int) -> Iterator[list[_Worker]]:
             _arm_timer()
 
 
-_SPAWN_REQUESTS: queue.SimpleQueue = queue.SimpleQueue()
-_SPAWNER: list[threading.Thread] = []
+_SPAWNERS: dict[int, queue.SimpleQueue] = {}  # pid -> the requests of that process's spawner thread
 
 
 def _spawned() -> _Worker:
     """A new worker, started by the spawner thread, which lives as long as this process: the
-    worker's death signal fires when the thread that started it ends, not a solve's helper."""
-    if not _SPAWNER:
-        thread = threading.Thread(target=_serve_spawns, name="lightning-ckpt-worker-spawner", daemon=True)
-        thread.start()
-        _SPAWNER.append(thread)
+    worker's death signal fires when the thread that started it ends, not a solve's helper.
+    (Keyed by pid: a forked child has no thread of its parent's, so it starts its own.)"""
+    requests = _SPAWNERS.get(os.getpid())
+    if requests is None:
+        requests = _SPAWNERS[os.getpid()] = queue.SimpleQueue()
+        name = "lightning-ckpt-worker-spawner"
+        threading.Thread(target=_serve_spawns, args=(requests,), name=name, daemon=True).start()
     answer: queue.SimpleQueue = queue.SimpleQueue()
-    _SPAWN_REQUESTS.put(answer)
+    requests.put(answer)
     worker = answer.get()
     if isinstance(worker, BaseException):
         raise worker
     return worker
 
 
-def _serve_spawns() -> None:
+def _serve_spawns(requests: queue.SimpleQueue) -> None:
     while True:
-        answer = _SPAWN_REQUESTS.get()
+        answer = requests.get()
         try:
             answer.put(_Worker())
         except BaseException as exc:  # handed to the caller
