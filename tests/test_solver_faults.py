@@ -230,6 +230,20 @@ def test_a_killed_worker_raises_a_clear_error_and_the_next_solve_starts_fresh(mo
     assert victim not in solver_workers.live_worker_pids()
 
 
+def test_a_worker_stopped_between_solves_is_replaced_before_the_next_one():
+    weights, values, capacity = _instance()
+    solve_knapsack(weights, values, capacity, workers=2, options=EAGER)  # the pool is up
+    victim = solver_workers.live_worker_pids()[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        result = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    assert result == solve_knapsack(weights, values, capacity) and result.stats.workers_used == 2
+    assert victim not in solver_workers.live_worker_pids() and _gone(victim)
+
+
 def _no_room(monkeypatch) -> None:
     def refuse(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from lightning_ckpt.solver.runtime.guard import is_stopped
 from lightning_ckpt.solver.runtime.jit import IN_MEMORY_WARNING
 
 __all__ = ["IDLE_RELEASE_S", "WorkerDied", "borrowed", "kill_workers", "live_worker_pids", "shutdown_workers"]
@@ -158,7 +159,7 @@ def borrowed(count: int) -> Iterator[list[_Worker]]:
     with _POOL_LOCK:
         _cancel_timer()
         try:
-            _POOL[:] = [w for w in _POOL if w.proc.poll() is None]
+            _drop_unusable_locked()
             while len(_POOL) < count:
                 _POOL.append(_spawned())
             yield _POOL[:count]
@@ -208,6 +209,21 @@ def kill_workers() -> None:
 def live_worker_pids() -> list[int]:
     """Process ids of the pool's live workers (for tests and diagnostics)."""
     return [w.proc.pid for w in list(_POOL) if w.proc.poll() is None]
+
+
+def _drop_unusable_locked() -> None:
+    """Forget the pool's dead workers, and kill those stopped while idle (``SIGSTOP``): a solve
+    should not start on a worker that cannot answer."""
+    usable = []
+    for worker in _POOL:
+        if worker.proc.poll() is not None:
+            worker.stop()  # reap it, close its pipes
+        elif is_stopped(worker.proc.pid):
+            worker.kill()
+            worker.stop()
+        else:
+            usable.append(worker)
+    _POOL[:] = usable
 
 
 def _reset_locked() -> None:
