@@ -8,10 +8,13 @@ values, arena, stop=None, grouping=...)``. An executor runs a level's tasks and 
 - ``LocalExecutor``: one after another in this process, in ordinary memory;
 - ``PoolExecutor``: on ``N - 1`` worker processes (``workers.py``) plus this one, biggest first,
   the arena in shared memory, watched by a ``guard.WorkerGuard``: a worker that dies, stays
-  stopped or misses a task's deadline ends the solve within a fraction of a second with
-  ``WorkerDied`` saying which and why. Tasks smaller than ``SolverOptions.parallel_min_task_cells`` stay in
-  the calling process. Results do not depend on which process ran a task (same kernel, same
+  stopped for a second or misses a task's deadline ends the solve at once with ``WorkerDied``
+  saying which and why. Tasks smaller than ``SolverOptions.parallel_min_task_cells`` stay in the
+  calling process. Results do not depend on which process ran a task (same kernel, same
   arithmetic).
+
+``solve_on_workers`` first asks ``cpus.room_for``: where the CPUs are busy, a second process only
+competes with the caller, so the solve runs in one process (its caller's ``LocalExecutor``).
 
 The shared arena is a ``memfd`` (``os.memfd_create``): anonymous shared memory with no name in
 ``/dev/shm``, handed to each worker as a file descriptor and freed by the kernel when the last
