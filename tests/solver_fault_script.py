@@ -4,7 +4,7 @@ Usage: python tests/solver_fault_script.py WORKERS, or ``ilp`` for a long ``meth
 ``capped`` for a long dense solve with prefix capacities (one kernel call of several seconds), or
 ``small-shm`` for a parallel solve under a tiny /dev/shm (prints ``exact`` and the size of /dev/shm). Prints ``ready PID...`` (the worker
 processes' ids) just before a solve of several seconds, then, if that solve is interrupted,
-``interrupted``, and ``exact`` once three later solves on ``WORKERS`` processes have matched
+``interrupted`` (or ``died`` and the error, where a worker was killed or stopped), and ``exact`` once three later solves on ``WORKERS`` processes have matched
 the one-process answer (and ``stale PID...`` if a worker from before the interrupt survived).
 """
 
@@ -22,9 +22,9 @@ from lightning_ckpt.solver.runtime import workers as solver_workers  # noqa: E40
 
 # workers on small solves too, and no sparse try (it would answer them in this process)
 EAGER = SolverOptions(parallel_min_solve_cells=0, parallel_min_task_cells=0, sparse_max_states=0)
-DENSE = SolverOptions(
-    sparse_max_states=0
-)  # the long solve: Hirschberg, as the sparse states finish it at once
+# the long solve: Hirschberg (the sparse states would finish it at once), on the workers even when
+# the machine's CPUs are busy
+DENSE = SolverOptions(sparse_max_states=0, parallel_min_solve_cells=0)
 
 
 def instance(n_items: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -52,6 +52,8 @@ def main() -> None:
         print("finished", flush=True)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
+    except solver_workers.WorkerDied as exc:
+        print("died", exc, flush=True)
     for _ in range(3):
         result = solve_knapsack(*small, workers=workers, options=EAGER)
         if result != reference or result.stats.workers_used != workers:

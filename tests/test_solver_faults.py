@@ -1,5 +1,6 @@
-"""The solver under faults: Ctrl-C of the process or of its group, a killed worker, SIGKILL of
-the whole group, no room for shared memory, more workers than CPUs, an idle pool.
+"""The solver under faults: Ctrl-C of the process or of its group, a killed or stopped worker,
+SIGKILL of the whole group or of the caller alone (its workers running or stopped), no room for
+shared memory, more workers than CPUs, an idle pool.
 
 Signals go to subprocesses (``solver_fault_script.py``, each in a session of its own), never to
 the pytest process.
@@ -7,6 +8,7 @@ the pytest process.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -28,6 +30,7 @@ EAGER = SolverOptions(
     parallel_min_solve_cells=0, parallel_min_task_cells=0, leaf_max_cells=0, sparse_max_states=0
 )
 KERNEL_RUNNING_S = 0.7  # after "ready": the long solve is deep in its kernels by then
+INTERRUPT_BOUND_S = 3.0  # Ctrl-C to the end of the interrupted solve, on a busy CI machine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="Linux-only fault handling")
 
@@ -89,7 +92,10 @@ def test_ctrl_c_stops_the_solve_within_a_second_and_later_solves_are_exact(worke
         assert child.wait(timeout=30) == 0
     finally:
         child.kill()
-    assert seconds_to_interrupt < 1.0
+    # the interrupt leaves once the solve's helper thread has ended (its kernel stops before its next
+    # group of items): 0.1 s in one process, up to 1.8 s with two on this loaded 2-core VM. (On
+    # Python 3.11 it used to leave at once, the solve still running behind it.)
+    assert seconds_to_interrupt < INTERRUPT_BOUND_S
 
 
 def test_workers_end_when_their_parent_is_killed_alone_mid_kernel():
@@ -102,6 +108,45 @@ def test_workers_end_when_their_parent_is_killed_alone_mid_kernel():
         time.sleep(0.05)
     assert worker_pids and all(_gone(pid) for pid in worker_pids)
     assert time.monotonic() < deadline
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
+def test_a_stopped_or_killed_worker_ends_the_solve_promptly_with_a_clear_error(sig):
+    """A worker stopped mid-solve would block its caller for ever; one killed was noticed only after
+    the caller's own task (1.4-9 s). Now: WorkerDied within the stop grace (1 s) or at once."""
+    child, worker_pids = _start(2)
+    try:
+        sent = time.monotonic()
+        os.kill(worker_pids[0], sig)
+        words = child.stdout.readline().split(maxsplit=1)
+        seconds_to_error = time.monotonic() - sent
+        assert child.stdout.readline().strip() == "exact"  # the pool was reset: fresh workers, exact
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker_pids[0], signal.SIGKILL)  # a stopped one ends too
+    how = "was stopped (SIGSTOP or a debugger) for 1 s" if sig == signal.SIGSTOP else "exited with code -9"
+    assert words[0] == "died" and f"(pid {worker_pids[0]}) {how}; its pool was reset" in words[1], words
+    assert seconds_to_error < (1.0 + 3.0 if sig == signal.SIGSTOP else 3.0), seconds_to_error  # loaded CI
+    assert _gone(worker_pids[0])
+
+
+def test_a_stopped_worker_ends_within_a_second_of_its_parent():
+    """``kill -9`` of the caller while its worker is stopped: a stopped process runs no watch, but
+    the kernel's parent-death SIGKILL ends it too."""
+    child, worker_pids = _start(2)
+    os.kill(worker_pids[0], signal.SIGSTOP)
+    time.sleep(0.2)
+    killed = time.monotonic()
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=10)
+    while not _gone(worker_pids[0]) and time.monotonic() < killed + 5:
+        time.sleep(0.01)
+    seconds_to_gone = time.monotonic() - killed
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(worker_pids[0], signal.SIGKILL)
+    assert seconds_to_gone < 1.0, seconds_to_gone
 
 
 def _shared_files(pid: int) -> set[str]:
@@ -183,6 +228,20 @@ def test_a_killed_worker_raises_a_clear_error_and_the_next_solve_starts_fresh(mo
     result = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
     assert result == reference and result.stats.workers_used == 2
     assert victim not in solver_workers.live_worker_pids()
+
+
+def test_a_worker_stopped_between_solves_is_replaced_before_the_next_one():
+    weights, values, capacity = _instance()
+    solve_knapsack(weights, values, capacity, workers=2, options=EAGER)  # the pool is up
+    victim = solver_workers.live_worker_pids()[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        result = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    assert result == solve_knapsack(weights, values, capacity) and result.stats.workers_used == 2
+    assert victim not in solver_workers.live_worker_pids() and _gone(victim)
 
 
 def _no_room(monkeypatch) -> None:

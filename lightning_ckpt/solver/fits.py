@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import os
 
+from lightning_ckpt.solver.runtime.limits import mappable_bytes
+
 __all__ = ["available_bytes", "check_fits"]
 
 
 def available_bytes() -> int | None:
-    """Physical memory currently available, or None where the OS does not say."""
+    """Memory this process may still allocate: the physical memory available, or less where its
+    ``ulimit -v``/``-d`` leaves less room (``runtime.limits``); None where the OS does not say."""
+    known = [x for x in (_physical_bytes(), mappable_bytes()) if x is not None]
+    return min(known) if known else None
+
+
+def _physical_bytes() -> int | None:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -32,7 +40,15 @@ def check_fits(needed_bytes: int, limit_bytes: int | None, what: str, advice: st
     available = available_bytes()
     limits = [x for x in (limit_bytes, available) if x is not None]
     if limits and needed_bytes > min(limits):
+        room = mappable_bytes()
+        if room is not None and room == min(limits):
+            source, advice = (
+                "the room left under this process's `ulimit -v`/`-d`",
+                f"{advice}, or raise the limit",
+            )
+        else:
+            source = "documented limit or available memory"
         raise MemoryError(
             f"{what} needs {needed_bytes / 2**30:.3g} GiB, above the limit of {min(limits) / 2**30:.3g} GiB "
-            f"(documented limit or available memory); {advice}"
+            f"({source}); {advice}"
         )

@@ -9,10 +9,11 @@ decides).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-_jit = numba.njit(cache=True, nogil=True)
+from lightning_ckpt.solver.runtime.jit import kernel_jit
+
+_jit = kernel_jit()
 
 
 @_jit

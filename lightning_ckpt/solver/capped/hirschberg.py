@@ -112,7 +112,8 @@ def solve_dense(
     stop = new_stop_flag() if stop is None else stop
     floats = 2 * (capacity + len(weights))
     advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
-    check_fits(8 * floats, None, f"the capped O(W) solver's profiles (capacity {capacity})", advice)
+    needed = 8 * floats + 16 * (capacity + 1)  # + the numpy forward pass's two W-sized temporaries
+    check_fits(needed, None, f"the capped O(W) solver's profiles (capacity {capacity})", advice)
     solve = lambda executor: _solve_segments(weights, capacity, take, skip, executor, options)  # noqa: E731
     if count > 1 and len(weights) * (capacity + 1) >= options.parallel_min_solve_cells:
         shared = pool.solve_on_workers(weights, values, floats, count, options, stop, solve)

@@ -10,12 +10,12 @@ can be processed upward (their sources lie entirely below them), which lets LLVM
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from lightning_ckpt.solver.dense import _kernels_numpy
+from lightning_ckpt.solver.runtime.jit import kernel_jit
 
-_jit = numba.njit(cache=True, nogil=True)
+_jit = kernel_jit()
 
 
 @_jit

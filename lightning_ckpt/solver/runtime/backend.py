@@ -8,8 +8,8 @@ This module decides, per call, which of the two runs:
   ``0``), else ``"numpy"``; it names the back end of large problems (``SolveStats.kernel``);
 - numba is imported (and its cached kernels loaded) only when a call of at least ``NUMPY_MAX_CELLS``
   DP cells comes; once it is loaded, every call of every engine uses it, small ones too;
-- a numba kernel module that fails to import (numba present but broken) counts as absent: its
-  engine stays on numpy.
+- a numba kernel module that fails to import (numba present but broken, or unable to compile:
+  ``jit.py``) counts as absent: its engine stays on numpy, with one warning that says why.
 
 ``compiled(cells, module)`` answers for an engine (``DENSE_NUMBA`` or ``CAPPED_NUMBA``): the numba
 module to call, or None for numpy; ``load_numba()`` loads both now (benchmarks: steady-state times).
@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import warnings
 from types import ModuleType
 
 __all__ = ["CAPPED_NUMBA", "DENSE_NUMBA", "KERNEL", "NUMPY_MAX_CELLS", "compiled", "load_numba"]
@@ -58,9 +59,21 @@ def compiled(cells: int, module: str) -> ModuleType | None:
     if module not in _LOADED:
         try:
             _LOADED[module] = importlib.import_module(module)
-        except ImportError:  # numba present but broken
+        except Exception as exc:  # numba present but broken: numpy computes the same bits
             _LOADED[module] = None
+            _warn_numpy(module, exc)
     return _LOADED[module]
+
+
+def _warn_numpy(module: str, exc: Exception) -> None:
+    if any(loaded is None for name, loaded in _LOADED.items() if name != module):
+        return  # one warning per process
+    warnings.warn(
+        f"the knapsack solver's numba kernels cannot be loaded ({type(exc).__name__}: {exc}); "
+        "using its numpy kernels instead (same results, slower on large problems)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def load_numba() -> None:

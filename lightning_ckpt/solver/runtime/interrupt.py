@@ -10,6 +10,8 @@ short interruptible joins. On any exception here (``KeyboardInterrupt`` first of
 stop flag is raised, which the kernels poll between items, the worker processes are killed,
 the helper thread is joined (it ends within one item's pass) and the exception is re-raised.
 The helper thread owns every resource of the solve (arena, pool) and frees them on its way out.
+The wait is on an event the helper sets last, not on ``Thread.join``: on Python 3.11 a join that
+Ctrl-C interrupts marks the thread as ended while it still runs, so the interrupt would leave first.
 
 Example:
     >>> run_interruptibly(lambda: 6 * 7, new_stop_flag())
@@ -68,25 +70,38 @@ def run_interruptibly(work: Callable[[], T], stop: np.ndarray | None, *, uses_wo
             helper thread has stopped and the worker processes are gone).
     """
     outcome: dict = {}
+    done = threading.Event()  # not Thread.join: on 3.11 an interrupted join marks a live thread ended
 
     def target() -> None:
         try:
             outcome["result"] = work()
         except BaseException as exc:  # handed to the waiting thread
             outcome["error"] = exc
+        finally:
+            done.set()
 
-    helper = threading.Thread(target=target, name="lightning-ckpt-solve", daemon=True)
-    helper.start()
+    threading.Thread(target=target, name="lightning-ckpt-solve", daemon=True).start()
     try:
-        while helper.is_alive():
-            helper.join(JOIN_POLL_S)
+        while not done.wait(JOIN_POLL_S):
+            pass
     except BaseException:
         if stop is not None:
             stop[0] = 1
             if uses_workers:
                 workers.kill_workers()
-            helper.join()
+            _wait_through_interrupts(done)
         raise
     if "error" in outcome:
         raise outcome.pop("error")
     return outcome["result"]
+
+
+def _wait_through_interrupts(done: threading.Event) -> None:
+    """Wait for ``done``; a second Ctrl-C while the stopped helper finishes its item is swallowed (the
+    first is being raised), so no exception leaves while the helper still computes."""
+    while True:
+        try:
+            if done.wait(JOIN_POLL_S):
+                return
+        except KeyboardInterrupt:
+            continue

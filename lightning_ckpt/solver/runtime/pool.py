@@ -7,9 +7,14 @@ values, arena, stop=None, grouping=...)``. An executor runs a level's tasks and 
 
 - ``LocalExecutor``: one after another in this process, in ordinary memory;
 - ``PoolExecutor``: on ``N - 1`` worker processes (``workers.py``) plus this one, biggest first,
-  the arena in shared memory. Tasks smaller than ``SolverOptions.parallel_min_task_cells`` stay in
-  the calling process. Results do not depend on which process ran a task (same kernel, same
+  the arena in shared memory, watched by a ``guard.WorkerGuard``: a worker that dies, stays
+  stopped for a second or misses a task's deadline ends the solve at once with ``WorkerDied``
+  saying which and why. Tasks smaller than ``SolverOptions.parallel_min_task_cells`` stay in the
+  calling process. Results do not depend on which process ran a task (same kernel, same
   arithmetic).
+
+``solve_on_workers`` first asks ``cpus.room_for``: where the CPUs are busy, a second process only
+competes with the caller, so the solve runs in one process (its caller's ``LocalExecutor``).
 
 The shared arena is a ``memfd`` (``os.memfd_create``): anonymous shared memory with no name in
 ``/dev/shm``, handed to each worker as a file descriptor and freed by the kernel when the last
@@ -41,8 +46,9 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
-from lightning_ckpt.solver.runtime import workers
-from lightning_ckpt.solver.runtime.interrupt import raise_if_stopped
+from lightning_ckpt.solver.runtime import cpus, workers
+from lightning_ckpt.solver.runtime.guard import WorkerGuard
+from lightning_ckpt.solver.runtime.interrupt import SolveStopped, raise_if_stopped
 
 __all__ = [
     "Executor",
@@ -167,29 +173,56 @@ class PoolExecutor:
 
     def __enter__(self) -> PoolExecutor:
         raise_if_stopped(self.stop)
-        attach = ("attach", self._shared.n_floats, self.weights, self.values, self.options)
-        for worker in self._workers:
-            worker.send(attach, fd=self._shared.fd)
-        for worker in self._workers:
-            worker.receive()
+        self._guard = WorkerGuard(self._workers, self.stop)
+        try:
+            attach = ("attach", self._shared.n_floats, self.weights, self.values, self.options)
+            for worker in self._workers:
+                self._guard.expect(worker, 0)
+                worker.send(attach, fd=self._shared.fd)
+            for worker in self._workers:
+                worker.receive()
+                self._guard.answered(worker)
+        except BaseException:
+            self._guard.close()
+            raise
         return self
 
     def __exit__(self, exc_type, *_exc_info) -> None:
         del self.arena  # the arena's owner closes it next
-        if exc_type is None:
-            for worker in self._workers:
-                worker.call(("detach",))
+        try:
+            if exc_type is None:
+                for worker in self._workers:
+                    self._guard.expect(worker, 0)
+                    worker.call(("detach",))
+                    self._guard.answered(worker)
+        finally:
+            self._guard.close()
+
+    def _raise_if_stopped(self) -> None:
+        """``WorkerDied`` once the guard has given a worker up (it also set the stop flag), else
+        ``SolveStopped`` once the stop flag is set."""
+        if self._guard.fault is not None:
+            raise self._guard.fault.died()
+        raise_if_stopped(self.stop)
 
     def run(self, tasks: list) -> list[np.ndarray | None]:
+        try:
+            return self._run(tasks)
+        except SolveStopped:
+            self._raise_if_stopped()  # a worker's fault stopped this process's kernel: say why
+            raise
+
+    def _run(self, tasks: list) -> list[np.ndarray | None]:
         order = sorted(range(len(tasks)), key=lambda i: -tasks[i].cells)
         pending = deque(i for i in order if tasks[i].cells >= self.min_cells)
         local = [i for i in order if tasks[i].cells < self.min_cells]
         results: list[np.ndarray | None] = [None] * len(tasks)
         idle, busy = list(self._workers), {}
         while pending or local or busy:
-            raise_if_stopped(self.stop)
+            self._raise_if_stopped()
             while idle and pending:
                 worker, index = idle.pop(), pending.popleft()
+                self._guard.expect(worker, tasks[index].cells)
                 worker.send(("task", tasks[index]))
                 busy[worker.proc.stdout.fileno()] = (worker, index)
             if pending or local:
@@ -200,6 +233,7 @@ class PoolExecutor:
             for fd in _ready(busy, block=not (pending or local)):
                 worker, index = busy.pop(fd)
                 results[index] = worker.receive()
+                self._guard.answered(worker)
                 idle.append(worker)
         return results
 
@@ -221,7 +255,10 @@ def solve_on_workers(
     solve: Callable[[PoolExecutor], T],
 ) -> T | None:
     """``solve(executor)`` on ``count`` processes (this one included) sharing an arena of ``n_floats``
-    entries, or None (one warning) where the shared arena has no room."""
+    entries; None where the CPUs are busy (``cpus.room_for``, unless ``options.parallel_min_solve_cells``
+    is 0: forced) or, with one warning, where the shared arena has no room."""
+    if options.parallel_min_solve_cells > 0 and not cpus.room_for(count):
+        return None
     arena = shared_arena(n_floats)
     if arena is None:
         return None

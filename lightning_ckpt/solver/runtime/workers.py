@@ -8,7 +8,11 @@ shared arena's file descriptor (``SCM_RIGHTS``), so the arena needs no name in `
 Workers ignore SIGINT: a Ctrl-C sent to the whole process group reaches only the calling
 process, which then kills its workers (``reset``). They stay in the caller's process group,
 so a SIGKILL of the group takes them too, and they exit when the caller's end of their pipe
-closes. A pool left idle for ``IDLE_RELEASE_S`` seconds is stopped.
+closes. A caller killed alone takes them with it: on Linux each worker asks the kernel for a
+SIGKILL when its parent dies (``PR_SET_PDEATHSIG``; a stopped worker dies too), and every
+worker also watches its parent's pid. The death signal follows the *thread* that started the
+process, so workers are started by one long-lived thread (``_spawned``), never by a solve's
+helper thread. A pool left idle for ``IDLE_RELEASE_S`` seconds is stopped.
 
 Example:
     >>> with borrowed(1) as workers:
@@ -23,14 +27,20 @@ import contextlib
 import mmap
 import os
 import pickle
+import queue
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
+
+from lightning_ckpt.solver.runtime.guard import is_stopped
+from lightning_ckpt.solver.runtime.jit import IN_MEMORY_WARNING
 
 __all__ = ["IDLE_RELEASE_S", "WorkerDied", "borrowed", "kill_workers", "live_worker_pids", "shutdown_workers"]
 
@@ -39,7 +49,7 @@ IDLE_RELEASE_S = 10.0
 
 _WORKER_CODE = (
     "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-    "from lightning_ckpt.solver.runtime.workers import worker_main; worker_main({fd})"
+    "from lightning_ckpt.solver.runtime.workers import worker_main; worker_main({fd}, {parent})"
 )
 _PACKAGE_PARENT = os.path.normpath(os.path.join(os.path.abspath(__file__), *[os.pardir] * 4))
 
@@ -51,12 +61,15 @@ class WorkerDied(RuntimeError):
 class _Worker:
     """One ``python -c`` subprocess speaking pickled messages over its stdin/stdout."""
 
+    fault: str | None = None
+    """Why the pool gave this worker up (``guard.py``), or None."""
+
     def __init__(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_PARENT, env.get("PYTHONPATH")]))
         self.fd_socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
-            code = _WORKER_CODE.format(fd=theirs.fileno())
+            code = _WORKER_CODE.format(fd=theirs.fileno(), parent=os.getpid())
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", code],
                 stdin=subprocess.PIPE,
@@ -65,12 +78,14 @@ class _Worker:
                 pass_fds=(theirs.fileno(),),
             )
 
-    def _died(self) -> WorkerDied:
+    def died(self) -> WorkerDied:
+        """The error to raise for this worker: why the guard gave it up, or how it ended."""
         try:  # its pipe closed before it could be reaped (its other threads were still exiting)
             code = self.proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
             code = None
         how = "is still running but broke its pipe" if code is None else f"exited with code {code}"
+        how = self.fault or how
         return WorkerDied(
             f"a knapsack solver worker process (pid {self.proc.pid}) {how}; its pool was reset, "
             "so the next solve starts fresh worker processes"
@@ -83,13 +98,13 @@ class _Worker:
             if fd is not None:
                 socket.send_fds(self.fd_socket, [b"f"], [fd])
         except OSError:
-            raise self._died() from None
+            raise self.died() from None
 
     def receive(self):
         try:
             status, payload = pickle.load(self.proc.stdout)
         except (EOFError, OSError, pickle.UnpicklingError):
-            raise self._died() from None
+            raise self.died() from None
         if status == "error":
             raise RuntimeError(f"a knapsack solver worker failed:\n{payload}")
         return payload
@@ -122,6 +137,18 @@ _TIMER: list[threading.Timer] = []
 _LAST_USED_S = [0.0]  # time.monotonic() at the end of the last solve on the pool
 
 
+def _forget_the_parents_pool() -> None:
+    """In a forked child: the parent's workers, timer and lock (held or not) are not this process's."""
+    global _POOL_LOCK
+    _POOL.clear()
+    _TIMER.clear()
+    _POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_parents_pool)
+
+
 @contextlib.contextmanager
 def borrowed(count: int) -> Iterator[list[_Worker]]:
     """Hold ``count`` live worker processes for one solve.
@@ -132,9 +159,9 @@ def borrowed(count: int) -> Iterator[list[_Worker]]:
     with _POOL_LOCK:
         _cancel_timer()
         try:
-            _POOL[:] = [w for w in _POOL if w.proc.poll() is None]
+            _drop_unusable_locked()
             while len(_POOL) < count:
-                _POOL.append(_Worker())
+                _POOL.append(_spawned())
             yield _POOL[:count]
         except BaseException:
             _reset_locked()
@@ -142,6 +169,35 @@ def borrowed(count: int) -> Iterator[list[_Worker]]:
         finally:
             _LAST_USED_S[0] = time.monotonic()
             _arm_timer()
+
+
+_SPAWNERS: dict[int, queue.SimpleQueue] = {}  # pid -> the requests of that process's spawner thread
+
+
+def _spawned() -> _Worker:
+    """A new worker, started by the spawner thread, which lives as long as this process: the
+    worker's death signal fires when the thread that started it ends, not a solve's helper.
+    (Keyed by pid: a forked child has no thread of its parent's, so it starts its own.)"""
+    requests = _SPAWNERS.get(os.getpid())
+    if requests is None:
+        requests = _SPAWNERS[os.getpid()] = queue.SimpleQueue()
+        name = "lightning-ckpt-worker-spawner"
+        threading.Thread(target=_serve_spawns, args=(requests,), name=name, daemon=True).start()
+    answer: queue.SimpleQueue = queue.SimpleQueue()
+    requests.put(answer)
+    worker = answer.get()
+    if isinstance(worker, BaseException):
+        raise worker
+    return worker
+
+
+def _serve_spawns(requests: queue.SimpleQueue) -> None:
+    while True:
+        answer = requests.get()
+        try:
+            answer.put(_Worker())
+        except BaseException as exc:  # handed to the caller
+            answer.put(exc)
 
 
 def kill_workers() -> None:
@@ -153,6 +209,21 @@ def kill_workers() -> None:
 def live_worker_pids() -> list[int]:
     """Process ids of the pool's live workers (for tests and diagnostics)."""
     return [w.proc.pid for w in list(_POOL) if w.proc.poll() is None]
+
+
+def _drop_unusable_locked() -> None:
+    """Forget the pool's dead workers, and kill those stopped while idle (``SIGSTOP``): a solve
+    should not start on a worker that cannot answer."""
+    usable = []
+    for worker in _POOL:
+        if worker.proc.poll() is not None:
+            worker.stop()  # reap it, close its pipes
+        elif is_stopped(worker.proc.pid):
+            worker.kill()
+            worker.stop()
+        else:
+            usable.append(worker)
+    _POOL[:] = usable
 
 
 def _reset_locked() -> None:
@@ -235,16 +306,21 @@ def _handle(message: tuple, state: dict) -> object:
     return message[1].run(state["weights"], state["values"], state["arena"], grouping=state["grouping"])
 
 
-PARENT_POLL_S = 0.5
+PARENT_POLL_S = 0.2
 """Seconds between a worker's checks that the process that started it is alive."""
 
 
 def exit_with_parent(parent_pid: int) -> None:
-    """End this worker when its parent dies, even in the middle of a kernel (which releases the GIL).
+    """End this worker when its parent dies, even in the middle of a kernel (which releases the GIL)
+    and even while stopped: the kernel's SIGKILL on the parent's death (Linux), and a watch of the
+    parent's pid every ``PARENT_POLL_S`` seconds (everywhere; it needs the worker to run).
 
     A parent killed alone (``kill -9 PID``, the OOM killer) never sends "stop" nor closes stdin while
-    a kernel runs: without this watch the orphan would compute on for minutes, holding its memory.
+    a kernel runs: without this the orphan would compute on for minutes, holding its memory.
     """
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+        os._exit(1)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
@@ -254,9 +330,24 @@ def exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="lightning-ckpt-parent-watch", daemon=True).start()
 
 
-def worker_main(fd_socket: int) -> None:
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent thread ends (a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def worker_main(fd_socket: int, parent_pid: int) -> None:
     """Serve requests from stdin until told to stop or stdin closes (runs in the worker)."""
-    exit_with_parent(os.getppid())
+    exit_with_parent(parent_pid)
+    warnings.filterwarnings("ignore", message=IN_MEMORY_WARNING)  # the calling process warns once
     reply = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints must not corrupt the message stream
     requests = sys.stdin.buffer
