@@ -8,6 +8,7 @@ import pytest
 from lightning_ckpt.solver import SolverOptions, solve_knapsack
 from lightning_ckpt.solver.dense.solve import max_sparse_states
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
+from lightning_ckpt.solver.sparse.bounds import best_swap, cardinality_bound, max_cardinality
 from lightning_ckpt.solver.sparse.minknap import solve_minknap
 from lightning_ckpt.solver.sparse.pareto import merge
 from tests.test_solver_oracle import assert_optimal, brute_force_value
@@ -42,6 +43,59 @@ def test_minknap_matches_brute_force(kind):
         assert float(values[chosen].sum()) == pytest.approx(
             brute_force_value(weights, values, capacity), rel=1e-12
         )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_minknap_with_the_strong_bounds_from_the_start_matches_brute_force(kind):
+    """``strong_after=0``: the cardinality bound and the best swap on every instance, small ones too."""
+    rng = np.random.default_rng(10 + KINDS.index(kind))
+    for i in range(300):
+        n = int(rng.integers(1, 12))
+        weights, values = pisinger_instance(kind, n, int(rng.integers(1, 40)), rng)
+        if i % 3 == 0:
+            values = np.round(values)
+        capacity = int(rng.integers(0, weights.sum() + 2))
+        chosen, _ = solve_minknap(weights, values, capacity, max_states=10**6, strong_after=0)
+        assert int(weights[chosen].sum()) <= capacity
+        assert float(values[chosen].sum()) == pytest.approx(
+            brute_force_value(weights, values, capacity), rel=1e-12
+        )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_strong_bounds_bracket_the_optimum(kind):
+    """The cardinality bound is at least the optimum and at most Dantzig's; the best swap is a
+    feasible set worth what it says, at least the break solution."""
+    rng = np.random.default_rng(20 + KINDS.index(kind))
+    for _ in range(200):
+        n = int(rng.integers(2, 12))
+        weights, values = pisinger_instance(kind, n, int(rng.integers(1, 40)), rng)
+        capacity = int(rng.integers(1, weights.sum()))
+        optimum = brute_force_value(weights, values, capacity)
+        order = np.lexsort((np.arange(n), -values / weights))
+        w, v = weights[order], values[order]
+        b = int(np.searchsorted(np.cumsum(w), capacity, side="right"))
+        dantzig = v[:b].sum() + (capacity - w[:b].sum()) * v[b] / w[b] if b < n else v.sum()
+        assert optimum <= cardinality_bound(weights, values, capacity) <= dantzig * (1 + 1e-12)
+        value, dropped, added = best_swap(w, v, capacity)
+        taken = np.zeros(n, dtype=bool)
+        taken[:b] = True
+        taken[[i for i in (dropped, added) if i >= 0]] ^= True
+        assert w[taken].sum() <= capacity and value == pytest.approx(v[taken].sum(), rel=1e-12)
+        assert v[:b].sum() <= value <= optimum * (1 + 1e-12)
+
+
+def test_strongly_correlated_at_paper_scale_meets_the_cardinality_bound():
+    """n = 2000, W = 1.4e8, value = weight + 7000 (the benchmark's family B): the most items that
+    fit, filling the capacity exactly, found by the sparse states, not Hirschberg's 3 GB."""
+    weights = np.random.default_rng(0).integers(1, 280_001, 2000).astype(np.int64)
+    values = weights + 7000.0
+    capacity = 140_000_000
+    result = solve_knapsack(weights, values, capacity)
+    k_max = max_cardinality(weights, capacity)
+    assert result.stats.path == "sparse"
+    assert (result.weight, len(result.chosen)) == (capacity, k_max)
+    assert result.value == capacity + 7000.0 * k_max  # no set is worth more: at most k_max items
 
 
 def test_minknap_never_exceeds_the_capacity_where_pytorch_did():
