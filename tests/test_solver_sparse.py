@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lightning_ckpt.solver import SolverOptions, solve_knapsack
+from lightning_ckpt.solver.dense.reduce import reduce_instance
 from lightning_ckpt.solver.dense.solve import max_sparse_states
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
 from lightning_ckpt.solver.sparse.bounds import best_swap, cardinality_bound, max_cardinality
@@ -83,6 +84,23 @@ def test_the_strong_bounds_bracket_the_optimum(kind):
         taken[[i for i in (dropped, added) if i >= 0]] ^= True
         assert w[taken].sum() <= capacity and value == pytest.approx(v[taken].sum(), rel=1e-12)
         assert v[:b].sum() <= value <= optimum * (1 + 1e-12)
+
+
+def test_the_cardinality_bound_counts_bundled_items():
+    """A core item bundling ``m`` identical items counts ``m`` towards the most that fit: the bound
+    on the reduced core stays above the optimum of the items it stands for."""
+    rng = np.random.default_rng(30)
+    for _ in range(100):
+        base = rng.integers(1, 20, int(rng.integers(1, 5)))
+        weights = np.repeat(base, rng.integers(1, 4, len(base)))[:11].astype(np.int64)
+        values = weights + 5.0
+        capacity = int(rng.integers(1, weights.sum() + 1))
+        core = reduce_instance(weights, values, capacity)
+        if not len(core.weights):
+            continue
+        bound = cardinality_bound(core.weights, core.values, core.capacity, core.copies)
+        fixed = float(values[core.taken].sum())
+        assert fixed + bound >= brute_force_value(weights, values, capacity) * (1 - 1e-12)
 
 
 def test_strongly_correlated_at_paper_scale_meets_the_cardinality_bound():

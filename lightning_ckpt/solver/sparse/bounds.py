@@ -5,7 +5,8 @@ When the plain bounds of ``minknap.py`` leave too many states, the engine asks f
 - an **upper bound with a cardinality constraint** (``cardinality_bound``): no feasible set holds
   more than ``k_max`` items (the most that fit, lightest first), so for any ``lam >= 0``
   ``value(S) = sum(v - lam over S) + lam * |S| <= LP(v - lam) + lam * k_max``, where ``LP`` is the
-  Dantzig bound of the items whose reduced value ``v - lam`` is positive. The bound is convex in
+  Dantzig bound of the items whose reduced value ``v - lam`` is positive (a bundle of ``m``
+  identical items counts ``m``: ``v - lam * m``). The bound is convex in
   ``lam``; a golden-section search takes the least (``lam = 0`` is the Dantzig bound itself). On
   strongly correlated items (``v = w + k``) it reaches ``capacity + k * k_max`` at ``lam = k``,
   the value of any ``k_max`` items that fill the capacity exactly;
@@ -31,19 +32,31 @@ _SEARCH_STEPS = 64
 """Golden-section steps: the interval shrinks by 0.618**64 ~ 4e-14 of the largest value."""
 
 
-def max_cardinality(weights: np.ndarray, capacity: int) -> int:
-    """The most items any feasible set holds: the lightest that fit together.
+def max_cardinality(weights: np.ndarray, capacity: int, counts: np.ndarray | None = None) -> int:
+    """The most items any feasible set holds, each core item standing for ``counts`` of them (1
+    each by default): the floor of the LP of ``max sum(counts * x) s.t. sum(weights * x) <= capacity``,
+    which with counts of 1 is the number of the lightest items that fit together.
 
     Example:
-        >>> max_cardinality(np.array([5, 1, 3, 2]), 6)
-        3
+        >>> max_cardinality(np.array([5, 1, 3, 2]), 6), max_cardinality(np.array([6, 1]), 6, np.array([4, 1]))
+        (3, 4)
     """
-    return int(np.searchsorted(np.cumsum(np.sort(weights)), capacity, side="right"))
+    counts = np.ones(len(weights), dtype=np.int64) if counts is None else counts
+    order = np.lexsort((weights, weights / counts))  # least weight per item first
+    w, k = weights[order].tolist(), counts[order].tolist()
+    room, most = capacity, 0
+    for weight, count in zip(w, k, strict=True):
+        if weight > room:
+            return most + room * count // weight  # the floor of the fractional item's share
+        room, most = room - weight, most + count
+    return most
 
 
-def _lagrangian(weights: np.ndarray, values: np.ndarray, capacity: int, lam: float, k_max: int) -> float:
-    """``LP(values - lam) + lam * k_max``: an upper bound on the optimum for any ``lam >= 0``."""
-    reduced = values - lam
+def _lagrangian(
+    weights: np.ndarray, values: np.ndarray, counts: np.ndarray, capacity: int, lam: float, k_max: int
+) -> float:
+    """``LP(values - lam * counts) + lam * k_max``: an upper bound on the optimum for any ``lam >= 0``."""
+    reduced = values - lam * counts
     useful = reduced > 0
     w, u = weights[useful], reduced[useful]
     order = np.argsort(-u / w, kind="stable")
@@ -56,12 +69,16 @@ def _lagrangian(weights: np.ndarray, values: np.ndarray, capacity: int, lam: flo
     return lp + lam * k_max
 
 
-def cardinality_bound(weights: np.ndarray, values: np.ndarray, capacity: int) -> float:
+def cardinality_bound(
+    weights: np.ndarray, values: np.ndarray, capacity: int, counts: np.ndarray | None = None
+) -> float:
     """An upper bound on the optimum, never above the Dantzig bound: the least Lagrangian bound of
-    the cardinality constraint found, raised by a float64 rounding allowance."""
-    k_max = max_cardinality(weights, capacity)
-    bound = lambda lam: _lagrangian(weights, values, capacity, lam, k_max)  # noqa: E731
-    top = float(values.max(initial=0.0))
+    the cardinality constraint found, raised by a float64 rounding allowance. ``counts``: the items
+    each core item stands for (a bundle of identical items, ``dense/reduce.py``), 1 by default."""
+    counts = np.ones(len(weights), dtype=np.int64) if counts is None else counts
+    k_max = max_cardinality(weights, capacity, counts)
+    bound = lambda lam: _lagrangian(weights, values, counts, capacity, lam, k_max)  # noqa: E731
+    top = float((values / counts).max(initial=0.0))
     lo, hi = 0.0, top
     a, b = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
     fa, fb = bound(a), bound(b)

@@ -67,6 +67,7 @@ def solve_minknap(
     capacity: int,
     max_states: int,
     strong_after: int = STRONG_AFTER_STATES,
+    counts: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int] | None:
     """The optimal set (a mask) and the states made, or None past ``max_states`` states.
 
@@ -76,6 +77,8 @@ def solve_minknap(
         capacity: The capacity, >= 0.
         max_states: Give up (return None) when the state lists made hold more entries, all together.
         strong_after: Past this many states made, compute the strong bounds of ``bounds.py`` once.
+        counts: The items each one stands for (bundles of identical items count several in the
+            cardinality bound); 1 each by default.
     """
     n = len(weights)
     order = np.lexsort((np.arange(n), -values / weights))  # efficiency descending, ties by index
@@ -102,7 +105,7 @@ def solve_minknap(
         if fits and fv[fits - 1] > best:
             best, best_at = float(fv[fits - 1]), (len(history), int(source[fits - 1]))
         if total > strong_after and ceiling == np.inf:
-            ceiling = cardinality_bound(weights, values, capacity)
+            ceiling = cardinality_bound(weights, values, capacity, counts)
             paired, dropped, added = best_swap(w, v, capacity)
             if paired > best:
                 best, best_at = paired, ("swap", dropped, added)
