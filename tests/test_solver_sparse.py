@@ -9,7 +9,7 @@ from lightning_ckpt.solver import SolverOptions, solve_knapsack
 from lightning_ckpt.solver.dense.reduce import reduce_instance
 from lightning_ckpt.solver.dense.solve import max_sparse_states
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
-from lightning_ckpt.solver.sparse.bounds import best_swap, cardinality_bound, max_cardinality
+from lightning_ckpt.solver.sparse.bounds import best_pairing, best_swap, cardinality_bound, max_cardinality
 from lightning_ckpt.solver.sparse.minknap import solve_minknap
 from lightning_ckpt.solver.sparse.pareto import merge
 from tests.test_solver_oracle import assert_optimal, brute_force_value
@@ -84,6 +84,39 @@ def test_the_strong_bounds_bracket_the_optimum(kind):
         taken[[i for i in (dropped, added) if i >= 0]] ^= True
         assert w[taken].sum() <= capacity and value == pytest.approx(v[taken].sum(), rel=1e-12)
         assert v[:b].sum() <= value <= optimum * (1 + 1e-12)
+
+
+def test_best_pairing_is_the_best_state_plus_or_minus_one_outside_item():
+    rng = np.random.default_rng(40)
+    for _ in range(200):
+        n = int(rng.integers(2, 15))
+        w, v = rng.integers(1, 30, n).astype(np.int64), rng.uniform(1, 30, n)
+        s = int(rng.integers(-1, n))  # the core is s + 1 .. t - 1
+        t = int(rng.integers(s + 1, n + 1))
+        fw, fv = merge(
+            np.zeros(0, np.int64),
+            np.zeros(0),
+            np.sort(rng.integers(0, 100, 6)),
+            np.sort(rng.uniform(0, 50, 6)),
+        )[:2]
+        capacity = int(rng.integers(0, 100))
+        value, entry, item = best_pairing(fw, fv, capacity, w, v, np.argsort(w, kind="stable"), s, t)
+        moves = [
+            (fv[e] + v[j], e, j)
+            for e in range(len(fw))
+            for j in range(max(t, 0), n)
+            if fw[e] + w[j] <= capacity
+        ]
+        moves += [
+            (fv[e] - v[i], e, i)
+            for e in range(len(fw))
+            for i in range(s + 1)
+            if fw[e] > capacity >= fw[e] - w[i]
+        ]
+        assert value == max((m[0] for m in moves), default=-np.inf)
+        if moves:
+            sign = 1 if item >= t else -1
+            assert fw[entry] + sign * w[item] <= capacity and value == fv[entry] + sign * v[item]
 
 
 def test_the_cardinality_bound_counts_bundled_items():

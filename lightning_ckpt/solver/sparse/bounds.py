@@ -10,8 +10,10 @@ When the plain bounds of ``minknap.py`` leave too many states, the engine asks f
   ``lam``; a golden-section search takes the least (``lam = 0`` is the Dantzig bound itself). On
   strongly correlated items (``v = w + k``) it reaches ``capacity + k * k_max`` at ``lam = k``,
   the value of any ``k_max`` items that fill the capacity exactly;
-- a **lower bound by pairing** (``best_swap``): the best set that differs from the break solution
-  by adding one item, or by swapping one item in for one out, found by sorting in O(n log n).
+- **lower bounds by pairing**: the best set that differs from the break solution by adding one
+  item, or by swapping one item in for one out (``best_swap``), and the best set one item outside
+  the core away from a state (``best_pairing``: a state that fits adds one, a state over the
+  capacity drops one), found by sorting and binary search.
 
 Where the best set found meets the upper bound, no state can beat it and the solve ends.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["best_swap", "cardinality_bound", "max_cardinality"]
+__all__ = ["best_pairing", "best_swap", "cardinality_bound", "max_cardinality"]
 
 _GOLDEN = (5**0.5 - 1) / 2
 _SEARCH_STEPS = 64
@@ -123,3 +125,38 @@ def best_swap(w: np.ndarray, v: np.ndarray, capacity: int) -> tuple[float, int, 
         return base + float(gain[j]), -1, b + j
     i = int(first[j]) + int(in_v[first[j] :].argmin())
     return base + float(gain[j]), int(inside[i]), b + j
+
+
+def best_pairing(
+    fw: np.ndarray,
+    fv: np.ndarray,
+    capacity: int,
+    w: np.ndarray,
+    v: np.ndarray,
+    by_weight: np.ndarray,
+    s: int,
+    t: int,
+) -> tuple[float, int, int]:
+    """The best set one item outside the core away from a state (``combo``'s pairing): a state that
+    fits adds an item of ``w[t:]`` (out in every state), one over the capacity drops an item of
+    ``w[:s + 1]`` (in in every state). Returns ``(value, state index, item position)``, or
+    ``(-inf, -1, -1)``; ``by_weight`` lists every position by weight."""
+    best = (-np.inf, -1, -1)
+    fits = int(fw.searchsorted(capacity, side="right"))
+    if fits and t < len(w):
+        right = by_weight[by_weight >= t]  # by weight, ascending
+        most = np.maximum.accumulate(v[right])  # the best value among items at most this heavy
+        last = np.searchsorted(w[right], capacity - fw[:fits], side="right") - 1
+        gain = np.where(last >= 0, fv[:fits] + most[np.maximum(last, 0)], -np.inf)
+        e = int(gain.argmax())
+        if gain[e] > best[0]:
+            best = (float(gain[e]), e, int(right[int(v[right[: last[e] + 1]].argmax())]))
+    if fits < len(fw) and s >= 0:
+        left = by_weight[by_weight <= s]
+        least = np.minimum.accumulate(v[left][::-1])[::-1]  # the least value among items at least this heavy
+        first = np.searchsorted(w[left], fw[fits:] - capacity, side="left")
+        gain = np.where(first < len(left), fv[fits:] - least[np.minimum(first, len(left) - 1)], -np.inf)
+        e = int(gain.argmax())
+        if gain[e] > best[0]:
+            best = (float(gain[e]), fits + e, int(left[first[e] + int(v[left[first[e] :]].argmin())]))
+    return best

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_ckpt.solver.sparse.bounds import best_swap, cardinality_bound
+from lightning_ckpt.solver.sparse.bounds import best_pairing, best_swap, cardinality_bound
 from lightning_ckpt.solver.sparse.pareto import merge
 
 __all__ = ["solve_minknap"]
@@ -87,8 +87,9 @@ def solve_minknap(
     b = _break_solution(w, capacity)
     fw, fv = np.array([int(w[:b].sum())]), np.array([float(v[:b].sum())])
     margin = MARGIN_RELATIVE * max(float(values.sum()), 1e-300)
-    best, best_at = float(fv[0]), (-1, 0)  # (step, index) of the best feasible state, or the swap
+    best, best_at = float(fv[0]), (-1, 0, ())  # the best set: (step, state index, positions flipped)
     ceiling = np.inf  # the strong upper bound, once computed
+    by_weight = np.argsort(w, kind="stable")
     history: list[tuple[int, np.ndarray, int]] = []
     s, t, total = b - 1, b, 0
     while len(fw) and (s >= 0 or t < n) and best < ceiling - margin:
@@ -103,12 +104,16 @@ def solve_minknap(
             return None
         fits = int(fw.searchsorted(capacity, side="right"))
         if fits and fv[fits - 1] > best:
-            best, best_at = float(fv[fits - 1]), (len(history), int(source[fits - 1]))
+            best, best_at = float(fv[fits - 1]), (len(history), int(source[fits - 1]), ())
         if total > strong_after and ceiling == np.inf:
             ceiling = cardinality_bound(weights, values, capacity, counts)
-            paired, dropped, added = best_swap(w, v, capacity)
+            swapped, dropped, added = best_swap(w, v, capacity)
+            if swapped > best:
+                best, best_at = swapped, (-1, 0, (dropped, added))
+        if ceiling < np.inf:
+            paired, entry, flipped = best_pairing(fw, fv, capacity, w, v, by_weight, s, t)
             if paired > best:
-                best, best_at = paired, ("swap", dropped, added)
+                best, best_at = paired, (len(history), int(source[entry]), (flipped,))
         add_ratio = float(ratio[t]) if t < n else 0.0
         drop_ratio = float(ratio[s]) if s >= 0 else np.inf
         hopeful = _bounds(fw, fv, capacity, add_ratio, drop_ratio) > best + margin
@@ -120,20 +125,19 @@ def solve_minknap(
 
 
 def _walk_back(n: int, b: int, best_at: tuple, history: list[tuple[int, np.ndarray, int]]) -> np.ndarray:
-    """The best set as a mask over the items in efficiency order: the break solution, flipped by
-    the best swap or on the way back from the best state."""
+    """The best set as a mask over the items in efficiency order: the break solution, flipped on
+    the way back from the best state (none at step -1), then at the positions ``best_at`` adds (a
+    swap's or a pairing's; -1: none)."""
     chosen = np.zeros(n, dtype=np.bool_)
     chosen[:b] = True
-    if best_at[0] == "swap":
-        for position in best_at[1:]:
-            if position >= 0:
-                chosen[position] = not chosen[position]
-        return chosen
-    step, entry = best_at
+    step, entry, flipped = best_at
     for k in range(step, -1, -1):
         item, _, n_old = history[k]
         if entry >= n_old:
             chosen[item] = not chosen[item]
             entry -= n_old
         entry = int(history[k - 1][1][entry]) if k else entry
+    for position in flipped:
+        if position >= 0:
+            chosen[position] = not chosen[position]
     return chosen
