@@ -76,7 +76,8 @@ def solve_minknap(
         values: float64 values >= 0.
         capacity: The capacity, >= 0.
         max_states: Give up (return None) when the state lists made hold more entries, all together.
-        strong_after: Past this many states made, compute the strong bounds of ``bounds.py`` once.
+        strong_after: Past this many states made (or a quarter of ``max_states``, if fewer),
+            compute the strong bounds of ``bounds.py`` once.
         counts: The items each one stands for (bundles of identical items count several in the
             cardinality bound); 1 each by default.
     """
@@ -90,6 +91,7 @@ def solve_minknap(
     best, best_at = float(fv[0]), (-1, 0, ())  # the best set: (step, state index, positions flipped)
     ceiling = np.inf  # the strong upper bound, once computed
     by_weight = np.argsort(w, kind="stable")
+    strong_after = min(strong_after, max_states // 4)  # a small state budget: try them early
     history: list[tuple[int, np.ndarray, int]] = []
     s, t, total = b - 1, b, 0
     while len(fw) and (s >= 0 or t < n) and best < ceiling - margin:
