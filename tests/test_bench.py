@@ -234,6 +234,7 @@ def test_paper_flag_means_the_papers_instances_against_torch_and_highs() -> None
     for argv, families, methods in (
         (["--paper"], ["U", "W", "B", "C"], list(cli.PAPER_METHODS)),
         (["--paper", "--families", "A", "--methods", "auto"], ["A"], ["auto"]),
+        (["--paper", "--quick"], ["U", "W", "B", "C"], ["auto", "ilp"]),
         ([], ["A", "B", "C"], [m for m in cli.METHODS if m != "auto-dense"]),
     ):
         args = parser.parse_args(argv)

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from lightning_ckpt.solver import SolverOptions, solve_knapsack
+from lightning_ckpt.solver.dense.reduce import reduce_instance
 from lightning_ckpt.solver.dense.solve import max_sparse_states
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
+from lightning_ckpt.solver.sparse.bounds import best_pairing, best_swap, cardinality_bound, max_cardinality
 from lightning_ckpt.solver.sparse.minknap import solve_minknap
 from lightning_ckpt.solver.sparse.pareto import merge
 from tests.test_solver_oracle import assert_optimal, brute_force_value
@@ -42,6 +44,109 @@ def test_minknap_matches_brute_force(kind):
         assert float(values[chosen].sum()) == pytest.approx(
             brute_force_value(weights, values, capacity), rel=1e-12
         )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_minknap_with_the_strong_bounds_from_the_start_matches_brute_force(kind):
+    """``strong_after=0``: the cardinality bound and the best swap on every instance, small ones too."""
+    rng = np.random.default_rng(10 + KINDS.index(kind))
+    for i in range(300):
+        n = int(rng.integers(1, 12))
+        weights, values = pisinger_instance(kind, n, int(rng.integers(1, 40)), rng)
+        if i % 3 == 0:
+            values = np.round(values)
+        capacity = int(rng.integers(0, weights.sum() + 2))
+        chosen, _ = solve_minknap(weights, values, capacity, max_states=10**6, strong_after=0)
+        assert int(weights[chosen].sum()) <= capacity
+        assert float(values[chosen].sum()) == pytest.approx(
+            brute_force_value(weights, values, capacity), rel=1e-12
+        )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_strong_bounds_bracket_the_optimum(kind):
+    """The cardinality bound is at least the optimum and at most Dantzig's; the best swap is a
+    feasible set worth what it says, at least the break solution."""
+    rng = np.random.default_rng(20 + KINDS.index(kind))
+    for _ in range(200):
+        n = int(rng.integers(2, 12))
+        weights, values = pisinger_instance(kind, n, int(rng.integers(1, 40)), rng)
+        capacity = int(rng.integers(1, weights.sum()))
+        optimum = brute_force_value(weights, values, capacity)
+        order = np.lexsort((np.arange(n), -values / weights))
+        w, v = weights[order], values[order]
+        b = int(np.searchsorted(np.cumsum(w), capacity, side="right"))
+        dantzig = v[:b].sum() + (capacity - w[:b].sum()) * v[b] / w[b] if b < n else v.sum()
+        assert optimum <= cardinality_bound(weights, values, capacity) <= dantzig * (1 + 1e-12)
+        value, dropped, added = best_swap(w, v, capacity)
+        taken = np.zeros(n, dtype=bool)
+        taken[:b] = True
+        taken[[i for i in (dropped, added) if i >= 0]] ^= True
+        assert w[taken].sum() <= capacity and value == pytest.approx(v[taken].sum(), rel=1e-12)
+        assert v[:b].sum() <= value <= optimum * (1 + 1e-12)
+
+
+def test_best_pairing_is_the_best_state_plus_or_minus_one_outside_item():
+    rng = np.random.default_rng(40)
+    for _ in range(200):
+        n = int(rng.integers(2, 15))
+        w, v = rng.integers(1, 30, n).astype(np.int64), rng.uniform(1, 30, n)
+        s = int(rng.integers(-1, n))  # the core is s + 1 .. t - 1
+        t = int(rng.integers(s + 1, n + 1))
+        fw, fv = merge(
+            np.zeros(0, np.int64),
+            np.zeros(0),
+            np.sort(rng.integers(0, 100, 6)),
+            np.sort(rng.uniform(0, 50, 6)),
+        )[:2]
+        capacity = int(rng.integers(0, 100))
+        value, entry, item = best_pairing(fw, fv, capacity, w, v, np.argsort(w, kind="stable"), s, t)
+        moves = [
+            (fv[e] + v[j], e, j)
+            for e in range(len(fw))
+            for j in range(max(t, 0), n)
+            if fw[e] + w[j] <= capacity
+        ]
+        moves += [
+            (fv[e] - v[i], e, i)
+            for e in range(len(fw))
+            for i in range(s + 1)
+            if fw[e] > capacity >= fw[e] - w[i]
+        ]
+        assert value == max((m[0] for m in moves), default=-np.inf)
+        if moves:
+            sign = 1 if item >= t else -1
+            assert fw[entry] + sign * w[item] <= capacity and value == fv[entry] + sign * v[item]
+
+
+def test_the_cardinality_bound_counts_bundled_items():
+    """A core item bundling ``m`` identical items counts ``m`` towards the most that fit: the bound
+    on the reduced core stays above the optimum of the items it stands for."""
+    rng = np.random.default_rng(30)
+    for _ in range(100):
+        base = rng.integers(1, 20, int(rng.integers(1, 5)))
+        weights = np.repeat(base, rng.integers(1, 4, len(base)))[:11].astype(np.int64)
+        values = weights + 5.0
+        capacity = int(rng.integers(1, weights.sum() + 1))
+        core = reduce_instance(weights, values, capacity)
+        if not len(core.weights):
+            continue
+        bound = cardinality_bound(core.weights, core.values, core.capacity, core.copies)
+        fixed = float(values[core.taken].sum())
+        assert fixed + bound >= brute_force_value(weights, values, capacity) * (1 - 1e-12)
+
+
+def test_strongly_correlated_at_paper_scale_meets_the_cardinality_bound():
+    """n = 2000, W = 1.4e8, value = weight + 7000 (the benchmark's family B): the most items that
+    fit, filling the capacity exactly, found by the sparse states, not Hirschberg's 3 GB."""
+    weights = np.random.default_rng(0).integers(1, 280_001, 2000).astype(np.int64)
+    values = weights + 7000.0
+    capacity = 140_000_000
+    result = solve_knapsack(weights, values, capacity)
+    k_max = max_cardinality(weights, capacity)
+    assert result.stats.path == "sparse"
+    assert (result.weight, len(result.chosen)) == (capacity, k_max)
+    assert result.value == capacity + 7000.0 * k_max  # no set is worth more: at most k_max items
 
 
 def test_minknap_never_exceeds_the_capacity_where_pytorch_did():

@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the paper's instances only: n=2000 at W=1.4e8 and 3.8e8, families U W B C, this solver against"
         " PyTorch's two and HiGHS (with --targets: add the paper-scale targets)",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="with --paper: only auto and HiGHS (methods: auto ilp), runs estimated over 60 s skipped"
+        " (a few minutes in all; the full --paper run takes hours)",
+    )
     parser.add_argument("--targets", action="store_true", help="run the issue targets, print PASS/MISS")
     parser.add_argument(
         "--prefix",
@@ -55,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-seconds",
         type=float,
         default=None,
-        help="skip runs estimated longer than this (3; 600 with --paper or --targets)",
+        help="skip runs estimated longer than this (3; 600 with --paper or --targets; 60 with --quick)",
     )
     parser.add_argument(
         "--max-memory-gb",
@@ -73,12 +79,15 @@ def _parser() -> argparse.ArgumentParser:
 PAPER_FAMILIES = ("U", "W", "B", "C")
 """``--paper``: uncorrelated, weakly and strongly correlated, transformer-like."""
 PAPER_METHODS = ("auto", "auto-dense", "hirschberg", "ilp", "torch-sliding", "torch-dp")
+QUICK_METHODS = ("auto", "ilp")
+"""``--paper --quick``: this solver and HiGHS only."""
 
 
 def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     paper = args.paper and not args.targets
     families = args.families or list(PAPER_FAMILIES if paper else FAMILIES)
-    methods = args.methods or (list(PAPER_METHODS) if paper else [m for m in METHODS if m != "auto-dense"])
+    paper_methods = QUICK_METHODS if args.quick else PAPER_METHODS
+    methods = args.methods or (list(paper_methods) if paper else [m for m in METHODS if m != "auto-dense"])
     args.families = [f for item in families for f in item.split(",") if f]
     args.methods = [m for item in methods for m in item.split(",") if m]
     for flag, names, allowed in (
@@ -113,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     check_output_file("--json", args.json)
     if args.prefix:
         return _prefix_main(args)
-    default_seconds = 600.0 if args.targets or args.paper else 3.0
+    default_seconds = 60.0 if args.quick else 600.0 if args.targets or args.paper else 3.0
     options = BenchOptions(
         max_seconds=args.max_seconds or default_seconds,
         max_memory_gb=args.max_memory_gb,

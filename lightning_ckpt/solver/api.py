@@ -108,7 +108,7 @@ def solve_knapsack(
     - without caps, ``"auto"`` and ``"hirschberg"`` run the uncapped engine (``dense/``): exact
       reductions (all of them for ``"auto"``, only the trivial ones and the common divisor for
       ``"hirschberg"``); for ``"auto"`` then sparse states around the break item (``sparse/``,
-      minknap-style), and past a state bound (one state per capacity unit, at most 4M), as for
+      minknap-style, with combo's cardinality bound and pairing on hard instances), and past a state bound (one state per capacity unit, at most 4M), as for
       ``"hirschberg"``, Hirschberg over value profiles on the core, on ``workers`` processes when
       it is large; ``"dp"``, ``"greedy"`` and ``"ilp"`` run ``baselines.py`` (the planner's
       additive baselines come here, without caps);

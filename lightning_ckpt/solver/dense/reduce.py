@@ -58,6 +58,8 @@ class Core:
 
         Identical items are kept lowest index first.
         """
+        if len(self.members) == len(self.group):  # no bundles: core item i is members[i]
+            return np.sort(np.concatenate([self.taken, self.members[chosen]]).astype(np.int64))
         counts = np.bincount(self.group[chosen], weights=self.copies[chosen], minlength=len(self.starts) - 1)
         picked = [
             self.members[start : start + int(k)]
@@ -142,6 +144,16 @@ def merge_identical(weights: np.ndarray, values: np.ndarray, index: np.ndarray) 
     new_group[1:] = (w[1:] != w[:-1]) | (v[1:] != v[:-1])
     starts = np.append(np.flatnonzero(new_group), len(w))
     sizes = np.diff(starts)
+    if len(sizes) == len(w):  # no two items alike: no bundles
+        ones = np.ones(len(w), dtype=np.int64)
+        return {
+            "weights": w,
+            "values": v,
+            "group": np.arange(len(w)),
+            "copies": ones,
+            "members": idx,
+            "starts": starts,
+        }
     copies = [_bundle_sizes(int(m)) for m in sizes]
     group = np.repeat(np.arange(len(sizes)), [len(c) for c in copies])
     copies_flat = np.fromiter(itertools.chain.from_iterable(copies), dtype=np.int64, count=len(group))

@@ -8,7 +8,8 @@ plan-like instances settles almost every item, then tries the sparse states of `
 instances in milliseconds whatever W is; past ``max_sparse_states`` states (at most one per
 capacity unit, and ``SolverOptions.sparse_max_states``, 4M) it gives up. ``"hirschberg"`` keeps only the trivial reductions and the
 common divisor, and no sparse try. What is left, the *core*, goes to Hirschberg's divide and conquer
-(``hirschberg.py``) over value profiles (``profile.py``), in a helper thread that Ctrl-C stops:
+(``hirschberg.py``) over value profiles (``profile.py``), in a helper thread that Ctrl-C stops
+(below ``CALLING_THREAD_MAX_CELLS`` = 1M core cells, in this thread):
 on worker processes sharing one arena when ``workers > 1`` and the core has at least
 ``SolverOptions.parallel_min_solve_cells`` cells, else in this process.
 
@@ -34,12 +35,25 @@ from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime import interrupt, pool
 from lightning_ckpt.solver.sparse.minknap import solve_minknap
 
-__all__ = ["CELLS_PER_STATE", "SPARSE_MIN_CELLS", "DenseAnswer", "max_sparse_states", "solve_uncapped"]
+__all__ = [
+    "CALLING_THREAD_MAX_CELLS",
+    "CELLS_PER_STATE",
+    "SPARSE_MIN_CELLS",
+    "DenseAnswer",
+    "max_sparse_states",
+    "solve_uncapped",
+]
 
 
 SPARSE_MIN_CELLS = 1 << 22
 """Below this many dense cells (core items x (core capacity + 1)) Hirschberg runs at once: a few
 milliseconds at most, less than the sparse states' per-item steps cost on such cores."""
+
+CALLING_THREAD_MAX_CELLS = 1 << 20
+"""Hirschberg cores under this many cells (about a millisecond) run in the calling thread: the helper
+thread's start and join cost 0.1-0.4 ms. Above it the helper thread is also faster in numpy
+(measured 2026-12-01, family B n=300 W=1e4, 2.3M cells: 1.75-1.76 ms in the helper thread, 1.95-2.15
+ms in the calling thread, likely the allocator's per-thread arena for the kernels' temporaries)."""
 
 CELLS_PER_STATE = 4096
 """A sparse state costs about as much as this many dense cells (measured 2026-12-01: 29 ns a state,
@@ -97,7 +111,7 @@ def solve_uncapped(
     mask, cells, used, path = np.zeros(n, dtype=np.bool_), 0, 1, "reductions"
     sparse, most = None, max_sparse_states(n, cap, options)
     if use_lp and most:
-        sparse = solve_minknap(core.weights, core.values, cap, most)
+        sparse = solve_minknap(core.weights, core.values, cap, most, counts=core.copies)
     if sparse is not None:
         (mask, cells), path = sparse, "sparse"
     elif n and cap:
@@ -110,7 +124,9 @@ def solve_uncapped(
 def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.ndarray, int, int]:
     """Hirschberg on the reduced instance: ``(chosen mask, cell updates, processes used)``.
 
-    It runs in a helper thread, so that Ctrl-C stops it (and its workers) at once.
+    It runs in a helper thread, so that Ctrl-C stops it (and its workers) at once; a core of fewer
+    than ``CALLING_THREAD_MAX_CELLS`` cells, done in about a millisecond, runs in this thread
+    (starting and joining the helper cost 0.1-0.4 ms, more than the whole solve of 50 items).
     """
     n, cap = len(core.weights), core.capacity
     floats = hirschberg.arena_size(cap, n, options)
@@ -135,4 +151,6 @@ def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.nd
             return *shared, workers
     executor = pool.LocalExecutor(core.weights, core.values, np.empty(floats), options, stop)
     solve = lambda: hirschberg.solve_segments(core.weights, core.values, cap, executor, options)  # noqa: E731
+    if n * (cap + 1) < CALLING_THREAD_MAX_CELLS:
+        return *solve(), 1
     return *interrupt.run_interruptibly(solve, stop), 1

@@ -1,0 +1,117 @@
+"""``python -m benchmarks.bench.small``: warm solves of small instances, this tree against another.
+
+What a caller that solves many small knapsacks pays per call: ``torch.compile``-like uncapped
+instances (n = 42-54, W up to 5,000), callback-sized capped ones (GPT-like blocks n = 8 and 200,
+family P n = 300 at W = 1.4e8) and uncapped n = 300, W = 1e4. Each tree (this one, and ``--base``,
+a checkout of another commit) runs in its own child process, once with the numba kernels loaded
+first and once without (numpy until a large call loads numba); rounds alternate the trees, and the
+table shows the best time per call (best of the calls that fit in 0.2 s) over the rounds, and the
+ratio base / this (above 1: this tree is faster). Instances are made here and handed over in a file.
+
+Example::
+
+    git archive cccc139 | tar -x -C /tmp/base && python -m benchmarks.bench.small --base /tmp/base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+_CODE = """
+import json, sys, time
+import numpy as np
+from lightning_ckpt.solver import solve_knapsack
+from lightning_ckpt.solver.runtime import backend
+if {numba}:
+    backend.load_numba()
+arrays = np.load({path!r})
+best = {{}}
+for name in {names!r}:
+    w, v, cap = arrays[name + ".w"], arrays[name + ".v"], int(arrays[name + ".cap"])
+    caps = {{}}
+    if name + ".take" in arrays:
+        caps = {{"prefix_capacities": arrays[name + ".take"], "skip_capacities": arrays[name + ".skip"]}}
+    solve_knapsack(w, v, cap, **caps)
+    times, spent = [], 0.0
+    while spent < 0.2 or len(times) < 5:
+        start = time.perf_counter()
+        solve_knapsack(w, v, cap, **caps)
+        times.append(time.perf_counter() - start)
+        spent += times[-1]
+    best[name] = min(times)
+print(json.dumps(best))
+"""
+
+
+def instances() -> dict[str, tuple]:
+    """Name -> ``(weights, values, capacity[, take, skip])``."""
+    from benchmarks.bench.fresh import instance
+    from benchmarks.bench.generators import make_instance
+
+    made: dict[str, tuple] = {}
+    for family in "ABC":
+        for n, capacity in ((42, 1000), (48, 5000), (54, 5000), (300, 10_000)):
+            made[f"{family} n={n} W={capacity}"] = make_instance(family, n, capacity, seed=1)
+    for kind, n in (("GPT", 8), ("GPT", 200), ("P", 300)):
+        made[f"{kind} n={n} capped"] = instance(kind, n)
+    return made
+
+
+def _child(tree: str, path: str, names: list[str], numba: bool) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=tree)
+    code = _CODE.format(path=path, names=names, numba=numba)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench.small", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--base", required=True, help="a checkout of the tree to compare with")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds (3)")
+    args = parser.parse_args(argv)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    made = instances()
+    names = list(made)
+    best: dict[tuple[str, bool], dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "instances.npz")
+        arrays = {
+            f"{name}.{key}": a
+            for name, i in made.items()
+            for key, a in zip(("w", "v", "cap", "take", "skip"), i, strict=False)  # uncapped: 3
+        }
+        np.savez(path, **arrays)
+        for _ in range(args.rounds):
+            for tree in (here, os.path.abspath(args.base)):
+                for numba in (False, True):
+                    times = _child(tree, path, names, numba)
+                    seen = best.setdefault((tree, numba), {})
+                    for name, seconds in times.items():
+                        seen[name] = min(seen.get(name, np.inf), seconds)
+    print("# best ms per call over the rounds; ratio = base / this (above 1: this tree is faster)")
+    print(
+        f"{'instance':<22} {'numpy this':>10} {'base':>8} {'ratio':>6} {'numba this':>11} {'base':>8} {'ratio':>6}"
+    )
+    base = os.path.abspath(args.base)
+    for name in names:
+        cells = []
+        for numba in (False, True):
+            ours, theirs = best[(here, numba)][name] * 1e3, best[(base, numba)][name] * 1e3
+            cells.append(f"{ours:>10.3f} {theirs:>8.3f} {theirs / ours:>6.2f}")
+        print(f"{name:<22} {cells[0]} {cells[1]:>26}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
