@@ -57,6 +57,14 @@ def _gone(pid: int) -> bool:
     return state in "ZX"  # a zombie waiting for init to reap it runs nothing
 
 
+def _wait_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until SIGSTOP has taken effect: on a loaded machine a sleeping process stops only once it runs."""
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] not in "Tt":
+        assert time.monotonic() < deadline, f"worker {pid} did not stop within {timeout_s} s"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize(
     ("workers", "to_group", "kernel"),
     [
@@ -235,6 +243,7 @@ def test_a_worker_stopped_between_solves_is_replaced_before_the_next_one():
     solve_knapsack(weights, values, capacity, workers=2, options=EAGER)  # the pool is up
     victim = solver_workers.live_worker_pids()[0]
     os.kill(victim, signal.SIGSTOP)
+    _wait_stopped(victim)
     try:
         result = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
     finally:
