@@ -86,12 +86,12 @@ def make_plan(
         static_bytes=int(profile.static_bytes),
         budget_bytes=int(budget_bytes),
         predicted_peak_bytes=predicted_bytes,
-        recompute_seconds=sum(
-            m.recompute_seconds for m, keep in zip(profile.modules, kept, strict=True) if not keep
+        recompute_seconds=float(
+            sum(m.recompute_seconds for m, keep in zip(profile.modules, kept, strict=True) if not keep)
         ),
-        solver_method=method,
+        solver_method=str(method),
         solver_seconds=solver_seconds,
-        notes=tuple(notes),
+        notes=tuple(str(note) for note in notes),
     )
 
 
