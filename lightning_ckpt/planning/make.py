@@ -4,8 +4,9 @@ Keep (store activations) or checkpoint (store only inputs, recompute in backward
 predicted peak (:mod:`~lightning_ckpt.planning.peak`) is a maximum over the points of the step, each an
 affine function of the kept set. With the exact solvers (``solver="auto"`` or ``"hirschberg"``) the plan
 keeps the most recompute time (or flops) whose predicted peak fits the budget
-(:mod:`~lightning_ckpt.planning.exact`); the baselines (``"dp"``, ``"greedy"``, ``"ilp"``) solve the
-additive bound (:mod:`~lightning_ckpt.planning.additive`). Sizes are rounded to ``quantum_bytes``, then a
+(:mod:`~lightning_ckpt.planning.exact`); the baselines (``"dp"``, ``"greedy"``, ``"ilp"``) solve a looser
+additive bound (:mod:`~lightning_ckpt.planning.additive`) and may recompute more: their plans say
+``(baseline: additive bound)``. Sizes are rounded to ``quantum_bytes``, then a
 last pass keeps whatever still fits in bytes. Nothing ever goes over the budget.
 
 Example:
