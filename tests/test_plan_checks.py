@@ -206,3 +206,36 @@ def test_the_callback_drops_a_hand_edited_plan_with_one_warning(saved):
     with pytest.warns(UserWarning, match=r"saved plans are unusable \(.*`measured_peak_bytes` \(1\) must be"):
         callback.load_state_dict(state | {"setting": None})
     assert callback.plans == {}
+
+
+def test_a_resume_from_a_hand_edited_checkpoint_plans_anew_within_the_budget(tmp_path):
+    """The edit of issue 25 (nothing checkpointed, ``measured_peak_bytes=1``) was applied and never
+    measured (here 1.9 MB measured against a 1.54 MB budget once the edit leaves the measure on); now the
+    plan is refused on load, and the resumed fit plans what a fresh fit plans and measures it within the
+    budget. (The callback's meter, not ``memory_cap``, is the judge here: the cap does not count the
+    optimizer state that ``torch.load`` restores outside the dispatcher.)"""
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_ckpt import AutoCheckpoint
+    from tests.callback_helpers import tiny_gpt
+    from tests.test_budget_promise import GB, LONG, bounds, capped_fit, loader
+
+    budget = bounds(LONG, batch_size=2).budget("middle")
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    first = AutoCheckpoint(budget_gb=budget / GB, cost="flops")  # flops: the same plan on a busy machine
+    batches = loader((LONG,) * 4, batch_size=2)
+    capped_fit(budget, [first, saver], batches, max_steps=2, enable_checkpointing=True)
+    assert first.plan.checkpointed and first.plan.measured_peak_bytes is not None
+    (ckpt,) = tmp_path.glob("*step=2.ckpt")
+    checkpoint = torch.load(ckpt, weights_only=True)
+    plan = checkpoint["callbacks"][first.state_key]["plans"][0][1]
+    names = [item["name"] for item in plan["items"]]
+    plan.update(checkpointed=[], kept=names, recompute_seconds=0.0, measured_peak_bytes=1)
+    torch.save(checkpoint, ckpt)
+
+    second = AutoCheckpoint(budget_gb=budget / GB, cost="flops")
+    with pytest.warns(UserWarning, match=r"saved plans are unusable .*`measured_peak_bytes` \(1\)"):
+        capped_fit(budget, [second], batches, max_steps=4, model=tiny_gpt(seed=99), ckpt_path=ckpt)
+    assert second.profile is not None and second.plan.checkpointed == first.plan.checkpointed
+    assert second.plan.measured_peak_bytes is not None and second.plan.measured_peak_bytes <= budget
