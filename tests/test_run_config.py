@@ -152,3 +152,16 @@ def test_training_refuses_an_alias_bomb_and_a_hex_budget_in_one_line(tmp_path: P
             train_main(["fit", "--config", str(path)])
         err = capsys.readouterr().err
         assert exited.value.code == 1 and err.count("\n") == 1 and said in err, err
+
+
+def test_the_plan_command_refuses_a_budget_below_one_byte_and_a_hex_budget(tmp_path: Path, capsys) -> None:
+    from lightning_ckpt.offline.cli import main
+
+    path = str(_callback_config(tmp_path, "budget_gb: 1"))
+    assert main(["--config", path, "--budget-gb", "5e-324"]) == 1
+    assert capsys.readouterr().err.endswith("`budget_gb` must be at least one byte (1e-09 GB), got 5e-324\n")
+    with pytest.raises(SystemExit) as exited:
+        main(["--config", path, "--budget-gb", "0x10"])
+    assert (
+        exited.value.code == 2 and "must be a positive finite number, got '0x10'" in capsys.readouterr().err
+    )
