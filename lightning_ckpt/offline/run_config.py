@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import re
 import warnings
 from collections.abc import Mapping
@@ -146,11 +147,16 @@ def _check_decimal_numbers(root: yaml.Node, where: str) -> None:
         for key in _NUMERIC_ARGS:
             value = _child(_child(entry, "init_args"), key)
             if isinstance(value, yaml.ScalarNode) and not _DECIMAL.fullmatch(value.value.strip()):
-                read_as = _as_parsed(key, value.value)
-                if isinstance(read_as, (int, float)) and not isinstance(read_as, bool):
+                read_as = _as_parsed(key, value.value)  # .inf and .nan: left to AutoCheckpoint's own check
+                if (
+                    isinstance(read_as, (int, float))
+                    and not isinstance(read_as, bool)
+                    and math.isfinite(read_as)
+                ):
                     raise ValueError(
-                        f"{where}, trainer.callbacks[{index}] ({class_path.value}): `{key}` must be written as a decimal number"
-                        f" (e.g. 16 or 0.12), got {value.value!r}, which YAML reads as {read_as!r}"
+                        f"{where}, trainer.callbacks[{index}] ({class_path.value}): `{key}` must be written"
+                        f" as a decimal number (e.g. 16 or 0.12), got {value.value!r}, which YAML reads as"
+                        f" {read_as!r}"
                     )
 
 
