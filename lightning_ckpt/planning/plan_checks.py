@@ -5,7 +5,7 @@ A saved plan comes from a checkpoint, a JSON file or another rank, and may be da
 of the wrong type; a number negative, not finite or beyond what any device reaches; or fields that
 contradict each other (a predicted peak over the budget the plan claims, a recompute total that is not
 the sum of its checkpointed items, ``checkpointed`` and ``kept`` that do not split the items' names, a
-measured peak below the plan's own static memory). It checks the data alone; whether the names are
+measured peak below half the plan's own static memory, or over its budget in a plan not re-planned). It checks the data alone; whether the names are
 candidates of a live model is :meth:`lightning_ckpt.lightning.plan_book.PlanBook.non_candidates`.
 
 Example:
