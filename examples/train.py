@@ -25,7 +25,7 @@ import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_ckpt.cli import one_line, raised_by_lightning_ckpt
-from lightning_ckpt.offline.run_config import check_autocheckpoint_values
+from lightning_ckpt.offline.run_config import check_autocheckpoint_values, read_config_yaml
 
 
 class CLI(LightningCLI):
@@ -36,6 +36,8 @@ class CLI(LightningCLI):
     """
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        for path in _config_files(sys.argv[1:] if args is None else args):
+            read_config_yaml(Path(path))  # an alias bomb or `budget_gb: 0x10`: refused before the parser
         try:
             super().parse_arguments(parser, args)  # raises: built with exit_on_error=False
         except argparse.ArgumentError as error:

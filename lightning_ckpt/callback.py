@@ -58,7 +58,8 @@ class AutoCheckpoint(Callback):
         targets: candidate modules, as class names (``"Block"``) or qualified-name globs
             (``"model.h.*.mlp"``); default: the blocks of the model's largest ``nn.ModuleList``.
         cost: what keeping a module saves: measured recompute ``"time"`` or forward ``"flops"``.
-        solver: knapsack method; ``"auto"`` is exact and picks the fastest exact path.
+        solver: ``"auto"`` (exact, the fastest exact path) or ``"hirschberg"`` (exact); ``"dp"``, ``"ilp"``
+            and ``"greedy"`` are baselines on a looser additive bound (see ``AutoCheckpointConfig.solver``).
         quantum_bytes: memory unit of the knapsack (weights rounded up, capacity down).
         workers: processes for the knapsack solver on large problems.
         measure: measure the real peak on the step after planning and re-plan once if it is over budget.

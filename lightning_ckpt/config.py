@@ -22,6 +22,8 @@ __all__ = ["AutoCheckpointConfig"]
 
 MAX_BUDGET_GB = 1e9
 """An upper bound that no device reaches (10^18 bytes), so that byte counts stay exact integers."""
+MIN_BUDGET_GB = 1e-9
+"""One byte: a smaller budget would be 0 bytes once rounded down."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,9 @@ class AutoCheckpointConfig:
     cost: Cost = "time"
     """What keeping a module saves: measured recompute ``"time"`` or forward ``"flops"``."""
     solver: Method = "auto"
-    """Knapsack method; ``"auto"`` is exact and picks the fastest exact path."""
+    """How the plan is solved: ``"auto"`` (the default) and ``"hirschberg"`` are exact under the step's
+    peak model; ``"dp"``, ``"ilp"`` and ``"greedy"`` are baselines that solve a looser additive bound of
+    the peak (their plans say "additive bound"), kept for comparison: they may recompute more."""
     quantum_bytes: int = 512
     """Memory unit of the knapsack (weights rounded up, capacity down)."""
     workers: int = 1
@@ -59,11 +63,13 @@ class AutoCheckpointConfig:
     def __post_init__(self) -> None:
         _check_budget(self.budget_gb)
         if self.targets is not None:
-            object.__setattr__(self, "targets", tuple(as_target_list(self.targets)))
+            object.__setattr__(self, "targets", _check_targets(self.targets))
         if self.cost not in COSTS:
             raise ValueError(f"`cost` must be one of {COSTS}, got {self.cost!r}")
         if self.solver not in METHODS:
             raise ValueError(f"`solver` must be one of {METHODS}, got {self.solver!r}")
+        object.__setattr__(self, "cost", str(self.cost))  # np.str_ -> str: checkpoints hold plain data
+        object.__setattr__(self, "solver", str(self.solver))
         object.__setattr__(self, "quantum_bytes", _check_positive_int("quantum_bytes", self.quantum_bytes))
         object.__setattr__(self, "workers", _check_positive_int("workers", self.workers, most=MAX_WORKERS))
         if not isinstance(self.measure, bool):
@@ -87,6 +93,21 @@ def _check_budget(budget_gb: Any) -> None:
         raise ValueError(
             f"`budget_gb` must be a positive finite number of GB up to {MAX_BUDGET_GB:g}, got {budget_gb!r}"
         )
+    if gb_to_bytes(budget_gb) < 1:
+        raise ValueError(
+            f"`budget_gb` must be at least one byte ({MIN_BUDGET_GB:g} GB), got {float(budget_gb)!r}"
+        )
+
+
+def _check_targets(targets: Any) -> tuple[str, ...]:
+    """``targets`` as a tuple of plain ``str`` (a ``np.str_`` would be saved as a numpy object)."""
+    names = tuple(str(target) for target in as_target_list(targets))
+    if not names:
+        raise ValueError(
+            "`targets` must be None (the blocks of the model's repeated-block lists) or a non-empty list of"
+            f" module class names or name globs, got {targets!r}: an empty list leaves no candidate to checkpoint"
+        )
+    return names
 
 
 def _check_positive_int(name: str, value: Any, most: int | None = None) -> int:

@@ -12,6 +12,7 @@ from lightning_ckpt import AutoCheckpoint
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.offline.plan import plan_offline
+from tests.callback_helpers import fast_trainer, tiny_gpt, token_loader
 
 
 def test_settings_are_frozen_and_normalized():
@@ -44,6 +45,12 @@ def test_callback_keeps_its_settings_in_one_config():
             r"`budget_gb` must be a positive finite number of GB up to 1e\+09, got 1e\+300",
         ),
         ({"budget_gb": 1, "targets": [3]}, r"`targets` must be None or a list .* got \[3\]"),
+        (
+            {"budget_gb": 1, "targets": []},
+            r"`targets` must be None .* or a non-empty list .*, got \[\]: an empty",
+        ),
+        ({"budget_gb": 5e-324}, r"`budget_gb` must be at least one byte \(1e-09 GB\), got 5e-324$"),
+        ({"budget_gb": 4e-10}, r"`budget_gb` must be at least one byte \(1e-09 GB\), got 4e-10$"),
         ({"budget_gb": 1, "measure": "no"}, r"`measure` must be a bool \(True or False\), got 'no'"),
         ({"budget_gb": 1, "measure": 1}, r"`measure` must be a bool \(True or False\), got 1"),
         (
@@ -79,3 +86,26 @@ def test_offline_plan_refuses_the_config_settings_the_callback_refuses(tmp_path)
     )
     with pytest.raises(ValueError, match="`workers` must be a positive integer up to 1024, got 2000"):
         plan_offline(config)
+
+
+def test_numpy_strings_are_plain_str_and_the_checkpoint_loads_with_weights_only(tmp_path):
+    """``np.str_`` targets (and cost, solver) would be pickled as numpy objects, which
+    ``torch.load(weights_only=True)``, the default, refuses: they are normalized to ``str``."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    config = AutoCheckpointConfig(1, targets=[np.str_("Block")], cost=np.str_("flops"), solver=np.str_("dp"))
+    assert (config.targets, config.cost, config.solver) == (("Block",), "flops", "dp")
+    assert type(config.targets[0]) is str and type(config.cost) is str and type(config.solver) is str
+
+    first = AutoCheckpoint(budget_gb=1000, targets=[np.str_("Block")])
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer = fast_trainer([first, saver], max_steps=2, enable_checkpointing=True)
+    trainer.fit(tiny_gpt(), train_dataloaders=token_loader())
+    (ckpt,) = tmp_path.glob("*.ckpt")
+    state = torch.load(ckpt, weights_only=True)["callbacks"][first.state_key]
+    assert state["setting"]["config"]["targets"] == ("Block",) and state["plans"]
+
+    second = AutoCheckpoint(budget_gb=1000, targets=["Block"])
+    trainer = fast_trainer([second], max_steps=3)
+    trainer.fit(tiny_gpt(), train_dataloaders=token_loader(), ckpt_path=ckpt)
+    assert second.profile is None and second.plan == first.plan  # the saved plan, not a new profile

@@ -7,7 +7,8 @@
   (:mod:`~lightning_ckpt.planning.non_nested`).
 - :mod:`~lightning_ckpt.planning.additive`: the baselines' route, on the additive bound.
 - :mod:`~lightning_ckpt.planning.make`: :func:`make_plan`, which picks the route and builds the
-  :class:`~lightning_ckpt.planning.plan.CheckpointPlan`.
+  :class:`~lightning_ckpt.planning.plan.CheckpointPlan`; a saved one is checked field by field on load
+  (:mod:`~lightning_ckpt.planning.plan_checks`).
 """
 
 from lightning_ckpt.planning.errors import BudgetTooSmallError

@@ -1,5 +1,10 @@
 """The baseline route: the solvers ``"dp"``, ``"greedy"`` and ``"ilp"`` on the additive bound.
 
+They are baselines, not exact planners: ``"dp"`` and ``"ilp"`` solve the bound below exactly (and agree on
+its optimum), but the bound is looser than the step's peak, so their plans may recompute more than
+``"auto"``'s (never less; ``tests/test_baselines_named.py``). Their plans say so: ``solver dp (baseline:
+additive bound)``.
+
 For every set ``S`` of checkpointed candidates the predicted peak is at most
 
     fixed_peak_bytes(profile) + sum(keep_cost_bytes(profile)[m] for m not in S),
@@ -25,9 +30,12 @@ import numpy as np
 from lightning_ckpt.core.profile_types import SavedStorage, StepProfile
 from lightning_ckpt.planning.exact import keep_more_that_fits
 from lightning_ckpt.planning.peak import PeakModel
-from lightning_ckpt.solver import quantize, solve_knapsack
+from lightning_ckpt.solver import KnapsackResult, quantize, solve_knapsack
 
-__all__ = ["keep_cost_bytes", "solve_additive"]
+__all__ = ["BASELINE_NOTE", "additive_knapsack", "keep_cost_bytes", "solve_additive"]
+
+BASELINE_NOTE = "baseline: additive bound"
+"""How a baseline's plan names its route (``solver_method`` and the report's solver line)."""
 
 
 def solve_additive(
@@ -42,12 +50,36 @@ def solve_additive(
     budget_bytes: int,
 ) -> tuple[np.ndarray, str]:
     """The kept mask (profile order) of the baseline ``method`` on the additive bound (``keep_costs``: the
-    :func:`keep_cost_bytes`, profile order), and the method."""
-    weights, capacity = quantize([max(int(c), 0) for c in keep_costs], capacity_bytes, quantum_bytes)
-    result = solve_knapsack(weights, values, capacity, method=method, workers=workers)
+    :func:`keep_cost_bytes`, profile order), then the exact last pass; and how it was solved."""
+    result = additive_knapsack(
+        keep_costs, capacity_bytes, values, method=method, quantum_bytes=quantum_bytes, workers=workers
+    )
     kept = np.zeros(len(keep_costs), dtype=np.bool_)
     kept[list(result.chosen)] = True
-    return keep_more_that_fits(peak, kept, values, budget_bytes), f"{result.method} (additive bound)"
+    kept = keep_more_that_fits(peak, kept, values, budget_bytes)
+    return kept, f"{result.method} ({BASELINE_NOTE})"
+
+
+def additive_knapsack(
+    keep_costs: Sequence[int],
+    capacity_bytes: int,
+    values: Sequence[float],
+    *,
+    method: str,
+    quantum_bytes: int,
+    workers: int = 1,
+) -> KnapsackResult:
+    """The baselines' knapsack: weights ``keep_costs`` rounded up and ``capacity_bytes`` (the budget less
+    :func:`~lightning_ckpt.planning.peak.fixed_peak_bytes`) down to ``quantum_bytes``, solved by ``method``.
+
+    ``"dp"`` and ``"ilp"`` solve it exactly (the same ``value``), ``"greedy"`` by ratio.
+
+    Example:
+        >>> additive_knapsack([20, 40], 50, [0.1, 0.3], method="dp", quantum_bytes=1).chosen
+        (1,)
+    """
+    weights, capacity = quantize([max(int(c), 0) for c in keep_costs], capacity_bytes, quantum_bytes)
+    return solve_knapsack(weights, values, capacity, method=method, workers=workers)
 
 
 def keep_cost_bytes(profile: StepProfile) -> dict[str, int]:

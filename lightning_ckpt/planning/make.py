@@ -4,8 +4,9 @@ Keep (store activations) or checkpoint (store only inputs, recompute in backward
 predicted peak (:mod:`~lightning_ckpt.planning.peak`) is a maximum over the points of the step, each an
 affine function of the kept set. With the exact solvers (``solver="auto"`` or ``"hirschberg"``) the plan
 keeps the most recompute time (or flops) whose predicted peak fits the budget
-(:mod:`~lightning_ckpt.planning.exact`); the baselines (``"dp"``, ``"greedy"``, ``"ilp"``) solve the
-additive bound (:mod:`~lightning_ckpt.planning.additive`). Sizes are rounded to ``quantum_bytes``, then a
+(:mod:`~lightning_ckpt.planning.exact`); the baselines (``"dp"``, ``"greedy"``, ``"ilp"``) solve a looser
+additive bound (:mod:`~lightning_ckpt.planning.additive`) and may recompute more: their plans say
+``(baseline: additive bound)``. Sizes are rounded to ``quantum_bytes``, then a
 last pass keeps whatever still fits in bytes. Nothing ever goes over the budget.
 
 Example:
@@ -86,12 +87,12 @@ def make_plan(
         static_bytes=int(profile.static_bytes),
         budget_bytes=int(budget_bytes),
         predicted_peak_bytes=predicted_bytes,
-        recompute_seconds=sum(
-            m.recompute_seconds for m, keep in zip(profile.modules, kept, strict=True) if not keep
+        recompute_seconds=float(
+            sum(m.recompute_seconds for m, keep in zip(profile.modules, kept, strict=True) if not keep)
         ),
-        solver_method=method,
+        solver_method=str(method),
         solver_seconds=solver_seconds,
-        notes=tuple(notes),
+        notes=tuple(str(note) for note in notes),
     )
 
 

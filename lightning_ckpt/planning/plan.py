@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_ckpt.planning.plan_checks import check_plan_data
 from lightning_ckpt.units import BYTES_PER_GB, BYTES_PER_MB
 
 
@@ -75,37 +76,26 @@ class CheckpointPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CheckpointPlan:
-        """Inverse of :meth:`to_dict`, checking every field (the data may come from a damaged file).
+        """Inverse of :meth:`to_dict`, checking every field (the data may come from a damaged or edited
+        file): see :func:`~lightning_ckpt.planning.plan_checks.check_plan_data`.
 
         Raises:
-            ValueError: naming the first field that is missing, unknown or of the wrong type, or when
-                ``checkpointed`` and ``kept`` do not split the items' names.
+            ValueError: the first problem of the data, naming the field, what is allowed and what was
+                given (and how many more problems there are).
 
         Example:
             >>> CheckpointPlan.from_dict({"checkpointed": 5})
             Traceback (most recent call last):
             ...
-            ValueError: a saved plan must have the fields ..., got ['checkpointed']
+            ValueError: a saved plan must have the fields [...] (and optionally [...]), got missing ['budget_bytes', ...]
         """
-        if not isinstance(data, dict) or set(data) - _FIELDS or _REQUIRED - set(data):
-            got = sorted(data) if isinstance(data, dict) else type(data).__name__
-            raise ValueError(
-                f"a saved plan must have the fields {sorted(_REQUIRED)} (and optionally {sorted(_FIELDS - _REQUIRED)}), got {got}"
-            )
-        data = dict(data)
-        if not isinstance(data["items"], (list, tuple)) or not all(
-            isinstance(i, dict) for i in data["items"]
-        ):
-            raise ValueError(f"a saved plan's `items` must be a list of dicts, got {data['items']!r:.80}")
-        data["items"] = tuple(_checked(PlanItem, item) for item in data["items"])
-        for key in ("checkpointed", "kept", "notes"):
-            if isinstance(data.get(key, ()), (list, tuple)):
-                data[key] = tuple(data.get(key, ()))
-        plan = _checked(cls, data)
-        names = [item.name for item in plan.items]
-        if sorted(plan.checkpointed + plan.kept) != sorted(names) or len(set(names)) != len(names):
-            raise ValueError("a saved plan's `checkpointed` and `kept` must split its items' names")
-        return plan
+        problems = check_plan_data(data)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ValueError(problems[0] + more)
+        items = tuple(PlanItem(**item) for item in data["items"])
+        names = {key: tuple(data.get(key, ())) for key in ("checkpointed", "kept", "notes")}
+        return cls(**(data | names | {"items": items}))
 
     def metrics(self) -> dict[str, float]:
         """Scalars for the trainer's logger (GB, counts, seconds)."""
@@ -121,41 +111,6 @@ class CheckpointPlan:
 
     def __str__(self) -> str:
         return format_plan_table(self)
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_names(x: object) -> bool:
-    return isinstance(x, tuple) and all(isinstance(name, str) for name in x)
-
-
-_CHECKS = {  # field type (as annotated) -> whether a value is of it
-    "str": lambda x: isinstance(x, str),
-    "int": _is_int,
-    "float": lambda x: _is_int(x) or isinstance(x, float),
-    "bool": lambda x: isinstance(x, bool),
-    "int | None": lambda x: x is None or _is_int(x),
-    "tuple[str, ...]": _is_names,
-    "tuple[PlanItem, ...]": lambda x: isinstance(x, tuple) and all(isinstance(i, PlanItem) for i in x),
-}
-
-
-def _checked(cls: type, data: dict[str, Any]) -> Any:
-    """``cls(**data)`` once every field is present, known and of its annotated type."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    required = {name for name, f in fields.items() if f.default is f.default_factory is dataclasses.MISSING}
-    if set(data) - set(fields) or required - set(data):
-        raise ValueError(
-            f"a saved {cls.__name__} must have the fields {sorted(required)}, got {sorted(data)}"
-        )
-    for name, value in data.items():
-        if not _CHECKS[fields[name].type](value):
-            raise ValueError(
-                f"a saved {cls.__name__}'s `{name}` must be {fields[name].type}, got {value!r:.80}"
-            )
-    return cls(**data)
 
 
 def format_plan_table(plan: CheckpointPlan) -> str:
@@ -180,14 +135,6 @@ def format_plan_table(plan: CheckpointPlan) -> str:
     lines += [_fmt_row(row, widths) for row in rows]
     lines += ["", *_summary_lines(plan)]
     return "\n".join(lines)
-
-
-_FIELDS = {f.name for f in dataclasses.fields(CheckpointPlan)}
-_REQUIRED = {
-    f.name
-    for f in dataclasses.fields(CheckpointPlan)
-    if f.default is f.default_factory is dataclasses.MISSING
-}
 
 
 def _item_row(item: PlanItem, is_checkpointed: bool, timed: bool) -> tuple[str, ...]:
