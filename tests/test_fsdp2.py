@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -97,14 +98,14 @@ def test_fake_process_group_shards_are_counted_and_tensor_parallelism_is_refused
     assert all(message.count("\n") == 0 and "not planned for" in message for message in refusals.values())
 
 
-def _unsharded_minimum_bytes() -> int:
+def _unsharded_minimum_bytes(dropout: float = 0.1) -> int:
     """The least one unsharded process needs for the same model and per-rank batch (every block checkpointed)."""
     sys.path.insert(0, str(TESTS))
     from callback_helpers import probe_profile, tiny_gpt, token_loader
 
     from lightning_ckpt.planning.peak import fixed_peak_bytes
 
-    return fixed_peak_bytes(probe_profile(tiny_gpt(), token_loader(batch_size=4)))
+    return fixed_peak_bytes(probe_profile(tiny_gpt(dropout=dropout), token_loader(batch_size=4)))
 
 
 def _assert_capped_run(
@@ -186,6 +187,62 @@ def test_fsdp2_model_without_a_twin_is_profiled_once_on_real_tensors(tmp_path):
         assert facts["cap_peak"] > budget_bytes, "the real profiling step is not held to the budget"
         measured = facts["measured_max_over_ranks"]  # the callback's meter, on the step after planning
         assert abs(facts["predicted"] - measured) <= 0.02 * measured, facts
+
+
+@needs_distributed
+def test_four_ranks_with_their_own_lengths_train_and_resume_within_the_budget_as_fsdp2_without_it(tmp_path):
+    """4 processes, rank r's batches (4, (32, 24, 16, 28)[r]), at a budget below what one unsharded
+    process needs for rank 0's batch: one plan on every rank, each rank within the cap as predicted for its
+    own batch; then a resume from the sharded checkpoint of step 2 (a directory) within the same cap; the
+    losses of all three runs and the final parameters equal FSDP2's without the callback."""
+    budget_bytes = 1_150_000
+    assert budget_bytes < _unsharded_minimum_bytes(dropout=0.0)
+    result = _run(TESTS / "fsdp2_ranks_script.py", tmp_path, "run", budget_bytes, timeout=420)
+    assert result.returncode == 0 and not list(tmp_path.glob("*oom*")), _tail(result)
+    facts = {
+        run: [_read(tmp_path, f"{run}_facts{r}.json") for r in range(4)]
+        for run in ("capped", "resumed", "plain")
+    }
+    for run in ("capped", "resumed"):
+        plans = {tuple(rank["checkpointed"]) for rank in facts[run]}
+        assert len(plans) == 1 and 0 < len(plans.pop()) < 4, (
+            f"one plan on every rank, some blocks kept: {run}"
+        )
+        for rank in facts[run]:
+            assert rank["warnings"] == [] and rank["global_step"] == 4 and rank["predicted"] <= budget_bytes
+            error = rank["predicted"] / rank["cap_peak"] - 1
+            assert abs(error) <= 0.02, f"{run}: {error:+.2%} {rank}"
+    heaviest = facts["capped"][0]
+    assert heaviest["minimum"] <= budget_bytes < heaviest["unchecked"] < facts["plain"][0]["cap_peak"]
+    for r in range(4):
+        plain_losses = facts["plain"][r]["losses"]
+        assert (
+            facts["capped"][r]["losses"] == plain_losses and facts["resumed"][r]["losses"] == plain_losses[2:]
+        )
+    expected = torch.load(tmp_path / "plain.pt")
+    for run in ("capped", "resumed"):
+        actual = torch.load(tmp_path / f"{run}.pt")
+        assert actual.keys() == expected.keys()
+        for name in expected:
+            torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=f"{run} {name}")
+
+
+def test_an_optimizer_with_state_steps_on_fake_tensors():
+    """After a resume (or any re-plan after the first step) AdamW has a ``step`` scalar, which its step
+    reads with ``.item()``: its fake twin still runs, so its temporaries stay in the prediction."""
+    from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
+
+    model = torch.nn.Linear(64, 64)
+    adamw = torch.optim.AdamW(model.parameters(), foreach=True)
+    with fake_model(model) as fake:
+        fresh_bytes = optimizer_step_extra_bytes(adamw, fake)
+    model(torch.randn(2, 64)).sum().backward()
+    adamw.step()
+    with fake_model(model) as fake, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed_bytes = optimizer_step_extra_bytes(adamw, fake)
+    assert resumed_bytes == fresh_bytes > 0
+    assert adamw.state[model.weight]["step"].item() == 1, "the live state is untouched"
 
 
 def test_lightning_ckpt_plan_refuses_an_fsdp2_config_with_one_line(tmp_path):
