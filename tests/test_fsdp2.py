@@ -227,6 +227,35 @@ def test_four_ranks_with_their_own_lengths_train_and_resume_within_the_budget_as
             torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=f"{run} {name}")
 
 
+@needs_distributed
+def test_a_transformers_llama_sharded_by_decoder_layer_trains_within_the_budget_as_without_the_callback(
+    tmp_path,
+):
+    """A model nobody here wrote: transformers' LlamaForCausalLM from a tiny config, each decoder layer
+    ``fully_shard``-ed, padded batches, its KV cache on by default; 2 processes under the cap: one plan on
+    both ranks, each rank within 2% of what the cap counted, losses and parameters equal without it."""
+    pytest.importorskip("transformers")
+    budget_bytes = 3_500_000
+    result = _run(TESTS / "fsdp2_hf_script.py", tmp_path, "run", budget_bytes)
+    assert result.returncode == 0 and not list(tmp_path.glob("*oom*")), _tail(result)
+    capped = [_read(tmp_path, f"capped_facts{r}.json") for r in (0, 1)]
+    plain = [_read(tmp_path, f"plain_facts{r}.json") for r in (0, 1)]
+    layers = [f"model.model.layers.{i}" for i in range(4)]
+    assert capped[0]["candidates"] == layers and capped[0]["checkpointed"] == capped[1]["checkpointed"]
+    assert 0 < len(capped[0]["checkpointed"]) < 4
+    for rank in (0, 1):
+        facts = capped[rank]
+        assert facts["warnings"] == [] and facts["global_step"] == 3
+        assert facts["minimum"] <= budget_bytes < facts["unchecked"] < plain[rank]["cap_peak"]
+        error = facts["predicted"] / facts["cap_peak"] - 1
+        assert facts["predicted"] <= budget_bytes and abs(error) <= 0.02, f"{error:+.2%} {facts}"
+        assert facts["losses"] == plain[rank]["losses"]
+    expected, actual = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "capped.pt")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
+
+
 def test_an_optimizer_with_state_steps_on_fake_tensors():
     """After a resume (or any re-plan after the first step) AdamW has a ``step`` scalar, which its step
     reads with ``.item()``: its fake twin still runs, so its temporaries stay in the prediction."""
