@@ -95,7 +95,9 @@ def test_fake_process_group_shards_are_counted_and_tensor_parallelism_is_refused
         in refusals["tensor_parallel"]
     )
     assert "tensor_parallel_size=2" in refusals["strategy"]
-    assert all(message.count("\n") == 0 and "not planned for" in message for message in refusals.values())
+    assert "has a process group already (world size 4); plan from a fresh process" in refusals["offline"]
+    assert all(message.count("\n") == 0 for message in refusals.values())
+    assert all("not planned for" in refusals[key] for key in ("hsdp", "tensor_parallel", "strategy"))
 
 
 def _unsharded_minimum_bytes(dropout: float = 0.1) -> int:
