@@ -46,6 +46,7 @@ __all__ = [
     "fsdp2_is_root",
     "fsdp_policy_classes",
     "give_device_mesh",
+    "init_fake_process_group",
     "inner_tensors",
     "is_traceable_wrapper_subclass",
     "is_traceable_wrapper_subclass_type",
@@ -110,6 +111,14 @@ def lightning_device_mesh(pl_module: Any) -> Any:
 def give_device_mesh(pl_module: Any, device_mesh: Any) -> None:
     """Give a module the device mesh as ``ModelParallelStrategy.setup_environment`` does (lightning 2.4-2.6)."""
     pl_module._device_mesh = device_mesh
+
+
+def init_fake_process_group(world_size: int) -> None:
+    """Make this process rank 0 of torch's fake process group of ``world_size`` ranks: collectives move
+    no data (``torch.testing._internal.distributed.fake_pg``, backend ``"fake"``; torch 2.4-2.13)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
 
 
 def autocast_enabled() -> bool:

@@ -4,6 +4,7 @@ Run once from the repository root on a single CUDA GPU (meant to take a few minu
 not yet timed on one)::
 
     python scripts/gpu_check.py [--json out.json]
+    python scripts/gpu_check.py --fsdp2 [--json out.json]   # the same under FSDP2, world size 1
 
 What it does, on a GPT-2-medium-sized example GPT (24 blocks, 16 heads, width 1024, context 1024) with
 random tokens:
@@ -17,6 +18,11 @@ random tokens:
 3. Train with ``AutoCheckpoint(budget_gb=budget)``: ``--steps`` batches at sequence length
    ``--short-seq``, ``--steps`` at the full context, then ``--return-steps`` at the short length again, so
    a plan is made per new shape mid-fit and reused when a shape comes back.
+
+``--fsdp2`` runs all of it under Lightning's ``ModelParallelStrategy`` with one data-parallel rank: the
+example GPT's ``configure_model`` ``fully_shard``-s each block and then the model over a mesh of one GPU,
+so FSDP2's hooks, gathers (of one shard) and reduce-scatters run for real, and the callback profiles its
+sharded fake twin, as on a cluster.
 
 How to read the table (one row per training step, printed as it runs):
 
@@ -46,6 +52,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -104,6 +111,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the figures and the table here")
     parser.add_argument("--allow-cpu", action="store_true", help="without CUDA: tiny CPU smoke run")
+    parser.add_argument(
+        "--fsdp2", action="store_true", help="train under ModelParallelStrategy (fully_shard), world size 1"
+    )
     args = parser.parse_args(argv)
     if not 0.0 <= args.budget_fraction < 1.0:
         parser.error(f"--budget-fraction must be in [0, 1), got {args.budget_fraction}")
@@ -146,10 +156,26 @@ def build_model(args: argparse.Namespace) -> GPT:
     )
 
 
+def make_strategy(args: argparse.Namespace) -> Any:
+    """``"auto"`` (one device), or with ``--fsdp2`` FSDP2 over one data-parallel rank.
+
+    Example:
+        >>> type(make_strategy(argparse.Namespace(fsdp2=True))).__name__, make_strategy(argparse.Namespace(fsdp2=False))
+        ('ModelParallelStrategy', 'auto')
+    """
+    if not args.fsdp2:
+        return "auto"
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
+
+
 def make_trainer(args: argparse.Namespace, callbacks: list[Callback], max_steps: int) -> L.Trainer:
     return L.Trainer(
         accelerator="gpu" if torch.cuda.is_available() else "cpu",
         devices=1,
+        strategy=make_strategy(args),
+        use_distributed_sampler=False,  # the schedule's order of shapes, under FSDP2 too
         precision=args.precision,
         max_steps=max_steps,
         max_epochs=1,
@@ -384,7 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     L.seed_everything(args.seed, verbose=False)
     total = torch.cuda.get_device_properties(0).total_memory if cuda else None
     device = torch.cuda.get_device_name(0) if cuda else "CPU (smoke run: no allocator figures)"
-    print(f"gpu_check on {device}; model {args.n_layer} layers x {args.n_embd} wide, {args.precision}")
+    strategy = "FSDP2 (ModelParallelStrategy, world size 1)" if args.fsdp2 else "one device"
+    print(
+        f"gpu_check on {device}; model {args.n_layer} layers x {args.n_embd} wide, {args.precision}, {strategy}"
+    )
     if cuda:
         conf = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
         print(f"allocator config: {conf}; memory {gb(total)} GB")

@@ -18,7 +18,8 @@ Usage: python tests/fsdp2_fake_pg_script.py OUT_JSON. Writes what the test check
   blocks' class is ``FSDPBlock`` now);
 - ``example_sharded``: whether the example GPT's ``configure_model`` shards it, with and without a
   device mesh (other strategies give none);
-- ``refusals``: the one-line errors for HSDP, tensor parallelism and ``ModelParallelStrategy(tensor_parallel_size=2)``.
+- ``refusals``: the one-line errors for HSDP, tensor parallelism, ``ModelParallelStrategy(tensor_parallel_size=2)``
+  and ``plan_offline`` of an FSDP2 config in a process that has a process group already (this one).
 """
 
 from __future__ import annotations
@@ -138,6 +139,23 @@ def refusal(fn) -> str:
     return "not refused"
 
 
+def offline_in_a_process_group(out: Path) -> str:
+    """``plan_offline`` of an FSDP2 config here, where the fake process group is initialized already."""
+    from lightning_ckpt.offline.plan import plan_offline
+
+    config = out.with_suffix(".yaml")
+    config.write_text(
+        "trainer:\n  devices: 4\n  strategy:\n"
+        "    class_path: lightning.pytorch.strategies.ModelParallelStrategy\n"
+        "    init_args: {data_parallel_size: 4, tensor_parallel_size: 1}\n"
+        "  callbacks:\n    - class_path: lightning_ckpt.AutoCheckpoint\n      init_args: {budget_gb: 1}\n"
+        "model:\n  class_path: examples.gpt.GPT\n  init_args: {block_size: 32, n_layer: 2}\n"
+        "data:\n  class_path: examples.data.CharDataModule\n"
+        "  init_args: {block_size: 32, batch_size: 2, max_chars: 5000, train_samples: 4, val_samples: 2}\n"
+    )
+    return refusal(lambda: plan_offline(config))
+
+
 def refusals() -> dict:
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.distributed.device_mesh import init_device_mesh
@@ -171,7 +189,7 @@ def main(out: Path) -> None:
         "root_sharded_after": root_sharded_after(mesh),
         "profiles": profiles(mesh),
         "candidates": [find_candidates(sharded_gpt(mesh), targets) for targets in (None, ["Block"])],
-        "refusals": refusals(),
+        "refusals": refusals() | {"offline": offline_in_a_process_group(out)},
         "example_sharded": example_sharded(
             init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
         ),

@@ -64,6 +64,24 @@ def test_fsdp_config_wraps_blocks_and_shards_fully() -> None:
     assert strategy._activation_checkpointing_kwargs == {}  # AutoCheckpoint decides, not FSDP
 
 
+def test_fsdp2_config_shards_gpt2_xl_over_every_gpu_and_plans_offline() -> None:
+    """The FSDP2 config: ModelParallelStrategy, data parallel over all 32 GPUs, no tensor parallelism, the
+    FSDP config's model and batch. Planned here on fake tensors at 4 blocks and 2 rows (the full size
+    takes about a minute, see the README)."""
+    fsdp2 = load_run_config(CONFIGS[0].parent / "gpt2-xl-fsdp2.yaml")
+    fsdp = load_run_config(CONFIGS[0].parent / "gpt2-xl-fsdp.yaml")
+    assert (fsdp2.strategy_name, fsdp2.world_size, fsdp2.trainer["precision"]) == ("fsdp2", 32, "bf16-mixed")
+    assert (
+        fsdp2.strategy_args["data_parallel_size"] == 32 and fsdp2.strategy_args["tensor_parallel_size"] == 1
+    )
+    assert fsdp2.model == fsdp.model and fsdp2.data == fsdp.data
+    small = ["--model.init_args.n_layer", "4", "--data.init_args.batch_size", "2"]
+    small += ["--data.init_args.max_chars", "20000", "--data.init_args.val_fraction", "0.5"]
+    result = plan_offline(CONFIGS[0].parent / "gpt2-xl-fsdp2.yaml", overrides=small)
+    assert (result.strategy, result.world_size, len(result.plan.items)) == ("fsdp2", 32, 4)
+    assert result.static.param_bytes < 4 * result.num_parameters / 31  # this rank's fp32 shards
+
+
 def test_ddp_config_is_one_node_bf16_gpt2_small() -> None:
     run = load_run_config(Path(CONFIGS[0]).parent / "gpt2-124m-ddp.yaml")
     assert run.strategy_name == "ddp" and run.trainer["num_nodes"] == 1

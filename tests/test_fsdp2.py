@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -94,17 +95,19 @@ def test_fake_process_group_shards_are_counted_and_tensor_parallelism_is_refused
         in refusals["tensor_parallel"]
     )
     assert "tensor_parallel_size=2" in refusals["strategy"]
-    assert all(message.count("\n") == 0 and "not planned for" in message for message in refusals.values())
+    assert "has a process group already (world size 4); plan from a fresh process" in refusals["offline"]
+    assert all(message.count("\n") == 0 for message in refusals.values())
+    assert all("not planned for" in refusals[key] for key in ("hsdp", "tensor_parallel", "strategy"))
 
 
-def _unsharded_minimum_bytes() -> int:
+def _unsharded_minimum_bytes(dropout: float = 0.1) -> int:
     """The least one unsharded process needs for the same model and per-rank batch (every block checkpointed)."""
     sys.path.insert(0, str(TESTS))
     from callback_helpers import probe_profile, tiny_gpt, token_loader
 
     from lightning_ckpt.planning.peak import fixed_peak_bytes
 
-    return fixed_peak_bytes(probe_profile(tiny_gpt(), token_loader(batch_size=4)))
+    return fixed_peak_bytes(probe_profile(tiny_gpt(dropout=dropout), token_loader(batch_size=4)))
 
 
 def _assert_capped_run(
@@ -188,22 +191,166 @@ def test_fsdp2_model_without_a_twin_is_profiled_once_on_real_tensors(tmp_path):
         assert abs(facts["predicted"] - measured) <= 0.02 * measured, facts
 
 
-def test_lightning_ckpt_plan_refuses_an_fsdp2_config_with_one_line(tmp_path):
-    """Offline there is no device mesh to shard a twin on: refused, not planned as if unsharded."""
-    from lightning_ckpt.offline.plan import plan_offline
+FOUR_RANKS_BUDGET_BYTES = 1_150_000
 
-    config = tmp_path / "fsdp2.yaml"
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory) -> tuple[Path, dict]:
+    """One launch of 4 gloo processes (tests/fsdp2_ranks_script.py): the capped, resumed and plain runs'
+    output folder and facts by run, for the tests below."""
+    out = tmp_path_factory.mktemp("four_ranks")
+    result = _run(TESTS / "fsdp2_ranks_script.py", out, "run", FOUR_RANKS_BUDGET_BYTES, timeout=420)
+    assert result.returncode == 0 and not list(out.glob("*oom*")), _tail(result)
+    runs = ("capped", "resumed", "plain")
+    return out, {run: [_read(out, f"{run}_facts{r}.json") for r in range(4)] for run in runs}
+
+
+@needs_distributed
+def test_four_ranks_with_their_own_lengths_train_and_resume_within_the_budget_as_fsdp2_without_it(four_ranks):
+    """4 processes, rank r's batches (4, (32, 24, 16, 28)[r]), at a budget below what one unsharded
+    process needs for rank 0's batch: one plan on every rank, each rank within the cap as predicted for its
+    own batch; then a resume from the sharded checkpoint of step 2 (a directory) within the same cap; the
+    losses of all three runs and the final parameters equal FSDP2's without the callback."""
+    tmp_path, facts = four_ranks
+    budget_bytes = FOUR_RANKS_BUDGET_BYTES
+    assert budget_bytes < _unsharded_minimum_bytes(dropout=0.0)
+    for run in ("capped", "resumed"):
+        plans = {tuple(rank["checkpointed"]) for rank in facts[run]}
+        assert len(plans) == 1 and 0 < len(plans.pop()) < 4, (
+            f"one plan on every rank, some blocks kept: {run}"
+        )
+        for rank in facts[run]:
+            assert rank["warnings"] == [] and rank["global_step"] == 4 and rank["predicted"] <= budget_bytes
+            error = rank["predicted"] / rank["cap_peak"] - 1
+            assert abs(error) <= 0.02, f"{run}: {error:+.2%} {rank}"
+    heaviest = facts["capped"][0]
+    assert heaviest["minimum"] <= budget_bytes < heaviest["unchecked"] < facts["plain"][0]["cap_peak"]
+    for r in range(4):
+        plain_losses = facts["plain"][r]["losses"]
+        assert (
+            facts["capped"][r]["losses"] == plain_losses and facts["resumed"][r]["losses"] == plain_losses[2:]
+        )
+    expected = torch.load(tmp_path / "plain.pt")
+    for run in ("capped", "resumed"):
+        actual = torch.load(tmp_path / f"{run}.pt")
+        assert actual.keys() == expected.keys()
+        for name in expected:
+            torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=f"{run} {name}")
+
+
+@needs_distributed
+def test_a_transformers_llama_sharded_by_decoder_layer_trains_within_the_budget_as_without_the_callback(
+    tmp_path,
+):
+    """A model nobody here wrote: transformers' LlamaForCausalLM from a tiny config, each decoder layer
+    ``fully_shard``-ed, padded batches, its KV cache on by default; 2 processes under the cap: one plan on
+    both ranks, each rank within 2% of what the cap counted, losses and parameters equal without it."""
+    pytest.importorskip("transformers")
+    budget_bytes = 3_500_000
+    result = _run(TESTS / "fsdp2_hf_script.py", tmp_path, "run", budget_bytes)
+    assert result.returncode == 0 and not list(tmp_path.glob("*oom*")), _tail(result)
+    capped = [_read(tmp_path, f"capped_facts{r}.json") for r in (0, 1)]
+    plain = [_read(tmp_path, f"plain_facts{r}.json") for r in (0, 1)]
+    layers = [f"model.model.layers.{i}" for i in range(4)]
+    assert capped[0]["candidates"] == layers and capped[0]["checkpointed"] == capped[1]["checkpointed"]
+    assert 0 < len(capped[0]["checkpointed"]) < 4
+    for rank in (0, 1):
+        facts = capped[rank]
+        assert facts["warnings"] == [] and facts["global_step"] == 3
+        assert facts["minimum"] <= budget_bytes < facts["unchecked"] < plain[rank]["cap_peak"]
+        error = facts["predicted"] / facts["cap_peak"] - 1
+        assert facts["predicted"] <= budget_bytes and abs(error) <= 0.02, f"{error:+.2%} {facts}"
+        assert facts["losses"] == plain[rank]["losses"]
+    expected, actual = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "capped.pt")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
+
+
+def test_an_optimizer_with_state_steps_on_fake_tensors():
+    """After a resume (or any re-plan after the first step) AdamW has a ``step`` scalar, which its step
+    reads with ``.item()``: its fake twin still runs, so its temporaries stay in the prediction."""
+    from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
+
+    model = torch.nn.Linear(64, 64)
+    adamw = torch.optim.AdamW(model.parameters(), foreach=True)
+    with fake_model(model) as fake:
+        fresh_bytes = optimizer_step_extra_bytes(adamw, fake)
+    model(torch.randn(2, 64)).sum().backward()
+    adamw.step()
+    with fake_model(model) as fake, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed_bytes = optimizer_step_extra_bytes(adamw, fake)
+    assert resumed_bytes == fresh_bytes > 0
+    assert adamw.state[model.weight]["step"].item() == 1, "the live state is untouched"
+
+
+def _four_rank_config(tmp_path: Path, strategy: str) -> Path:
+    """The 4-rank runs' model (the tiny GPT, dropout off) and rank-0 batch (4, 32) as a config."""
+    config = tmp_path / "config.yaml"
     config.write_text(
-        "trainer:\n  accelerator: cpu\n  devices: 2\n"
-        "  strategy:\n    class_path: lightning.pytorch.strategies.ModelParallelStrategy\n"
+        f"trainer:\n  accelerator: cpu\n  devices: 4\n  strategy:\n{strategy}"
         "  callbacks:\n    - class_path: lightning_ckpt.AutoCheckpoint\n      init_args: {budget_gb: 1}\n"
         "model:\n  class_path: examples.gpt.GPT\n"
-        "  init_args: {block_size: 32, n_layer: 2, n_head: 2, n_embd: 32}\n"
+        "  init_args: {block_size: 32, n_layer: 4, n_head: 2, n_embd: 32, dropout: 0.0}\n"
         "data:\n  class_path: examples.data.CharDataModule\n"
-        "  init_args: {block_size: 32, batch_size: 2, max_chars: 5000, train_samples: 4, val_samples: 2}\n"
+        "  init_args: {block_size: 32, batch_size: 4, max_chars: 5000, train_samples: 16, val_samples: 4}\n"
     )
-    with pytest.raises(ValueError, match=r"ModelParallelStrategy \(FSDP2\) cannot be planned without its"):
-        plan_offline(config)
+    return config
+
+
+FSDP2_STRATEGY = (
+    "    class_path: lightning.pytorch.strategies.ModelParallelStrategy\n"
+    "    init_args: {data_parallel_size: 4, tensor_parallel_size: 1}\n"
+)
+FSDP1_STRATEGY = (
+    "    class_path: lightning.pytorch.strategies.FSDPStrategy\n"
+    "    init_args: {auto_wrap_policy: [examples.gpt.Block]}\n"
+)
+
+
+@needs_distributed
+def test_lightning_ckpt_plan_predicts_fsdp2_as_the_callback_does_and_fsdp1_higher(tmp_path, four_ranks):
+    """``plan_offline`` on the 4-rank runs' model and rank-0 batch, nothing checkpointed (budget 1 GB):
+    FSDP2 sharded on a fake process group in this process predicts the in-fit twin's peak to the byte,
+    within 2% of what the cap counted in the run without the callback. FSDP1 (``FSDPStrategy``, each
+    Block a unit, FULL_SHARD) on the same model and world size shards parameters, gradients and AdamW
+    state alike, but its model holds the gathered units as static memory for the whole step (the root,
+    the largest unit twice for the prefetch, its unsharded gradient) where FSDP2 is measured freeing a
+    unit after its forward: FSDP1 predicts more, by less than those gathered bytes."""
+    import torch.distributed as dist
+
+    from lightning_ckpt.offline.plan import plan_offline
+
+    _, facts = four_ranks
+    fsdp2 = plan_offline(_four_rank_config(tmp_path, FSDP2_STRATEGY))
+    assert not dist.is_initialized(), "the fake process group is gone after planning"
+    fsdp1 = plan_offline(_four_rank_config(tmp_path, FSDP1_STRATEGY))
+    assert fsdp2.plan.checkpointed == fsdp1.plan.checkpointed == ()
+    predicted, measured = fsdp2.plan.predicted_peak_bytes, facts["plain"][0]["cap_peak"]
+    assert predicted == facts["capped"][0]["unchecked"]
+    assert abs(predicted / measured - 1) <= 0.02, (predicted, measured)
+    one, two = fsdp1.static, fsdp2.static
+    assert (one.param_bytes, one.grad_bytes) == (two.param_bytes, two.grad_bytes) == (60_096, 60_096)
+    # AdamW's two moments are sharded alike; FSDP2's count is of real state, with a 4-byte `step` scalar
+    # per parameter (52 of them), FSDP1's an estimate
+    assert 0 <= two.optimizer_bytes - one.optimizer_bytes <= 4 * 52
+    assert two.strategy_bytes == 0 < one.strategy_bytes
+    extra = fsdp1.plan.predicted_peak_bytes - predicted
+    assert 0 < extra < one.strategy_bytes, (extra, one.strategy_bytes)
+
+
+def test_lightning_ckpt_plan_refuses_fsdp2_tensor_parallelism_with_one_line(tmp_path):
+    """ModelParallelStrategy's defaults ('auto') give tensor parallelism over the devices of a node:
+    refused offline as in a fit; a data-parallel size that is not the world size too."""
+    from lightning_ckpt.offline.plan import plan_offline
+
+    auto = "    class_path: lightning.pytorch.strategies.ModelParallelStrategy\n"
+    with pytest.raises(ValueError, match=r"`tensor_parallel_size` must be 1 .*, got 4: set trainer"):
+        plan_offline(_four_rank_config(tmp_path, auto))
+    wrong = FSDP2_STRATEGY.replace("data_parallel_size: 4", "data_parallel_size: 2")
+    with pytest.raises(ValueError, match=r"`data_parallel_size` must be the world size 4 .*, got 2"):
+        plan_offline(_four_rank_config(tmp_path, wrong))
 
 
 def test_the_fsdp2_cpu_config_is_the_main_job_on_two_fsdp2_processes():

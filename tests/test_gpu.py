@@ -66,3 +66,24 @@ def test_fsdp_single_gpu_wraps_inside_fsdp_units():
     assert callback.plan.checkpointed
     assert all(name.startswith("transformer.h.") for name in callback.plan.checkpointed)
     assert callback.plan.measured_peak_bytes <= callback.plan.budget_bytes
+
+
+def test_fsdp2_single_gpu_fits_and_prediction_is_close_to_the_allocator_peak():
+    """ModelParallelStrategy with one data-parallel rank: the example GPT shards itself in configure_model
+    (its blocks become FSDP2 units), the callback plans on the sharded twin, the allocator's peak fits."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    def fsdp2():
+        return ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
+
+    probe = _fit(AutoCheckpoint(budget_gb=1000), strategy=fsdp2(), use_distributed_sampler=False)
+    callback = _fit(
+        AutoCheckpoint(budget_gb=_budget_between(probe.profile)),
+        strategy=fsdp2(),
+        use_distributed_sampler=False,
+    )
+    plan = callback.plan
+    assert 0 < len(plan.checkpointed) < BIG["n_layer"]
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    assert abs(plan.measured_peak_bytes - plan.predicted_peak_bytes) <= 0.1 * plan.measured_peak_bytes
+    assert callback.profile.static.strategy == "fsdp2 over 1"  # profiled on the sharded twin

@@ -44,6 +44,24 @@ def test_cpu_smoke_run_prints_a_row_per_step_and_writes_json(tmp_path):
     assert report["rows"][3]["checkpointed"] > 0
 
 
+def test_cpu_smoke_run_under_fsdp2_shards_the_model_and_keeps_the_schedule(tmp_path):
+    """``--fsdp2``: ModelParallelStrategy with one rank (gloo on the CPU); the same rows, one plan per shape."""
+    out = tmp_path / "check.json"
+    result = _run_without_cuda(
+        "--allow-cpu", "--fsdp2", "--steps", "2", "--return-steps", "1", "--json", str(out)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FSDP2 (ModelParallelStrategy, world size 1)" in result.stdout.splitlines()[0]
+    report = json.loads(out.read_text())
+    assert report["exit_status"] == 0 and report["settings"]["fsdp2"] is True
+    assert [row["shape"][1] for row in report["rows"]] == [32, 32, 64, 64, 32]
+    assert [row["step"] for row in report["rows"] if row["note"] == "plan"] == [0, 2]
+    assert all(row["predicted_bytes"] <= report["budget_bytes"] for row in report["rows"])
+    assert (
+        "cannot build a fake twin" not in result.stderr
+    )  # profiled on the sharded twin, not on real tensors
+
+
 def test_without_cuda_it_refuses_with_status_2():
     result = _run_without_cuda("--steps", "1")
     assert result.returncode == 2

@@ -104,5 +104,14 @@ def _twin_optimizer(optimizer: torch.optim.Optimizer, fake: FakeModel) -> torch.
         groups.append({**group, "params": params, "foreach": foreach})
     twin = type(optimizer)(groups)
     for real, state in optimizer.state.items():
-        twin.state[fake.twins[id(real)]] = {key: fake.fake(value) for key, value in state.items()}
+        twin.state[fake.twins[id(real)]] = {key: _fake_state(value, fake) for key, value in state.items()}
     return twin
+
+
+def _fake_state(value: Any, fake: FakeModel) -> Any:
+    """A fake copy of one optimizer state value. A CPU scalar (AdamW's ``step``, which a non-capturable
+    step reads with ``.item()``, impossible on a fake copy) becomes a fake constant made inside the fake
+    mode, 1 of its dtype: its value changes the step's numbers, not what the step allocates."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type == "cpu":
+        return torch.tensor(1, dtype=value.dtype)
+    return fake.fake(value)

@@ -120,13 +120,13 @@ def profile_run_on_fake_tensors(
     collectives move no data). ``plugin`` as in :func:`profile_training_step`.
 
     Raises:
-        ValueError: for a ``ModelParallelStrategy`` run without ``device_mesh`` (offline FSDP2 plans are
-            not supported yet), and what :meth:`ClassSpec.instantiate` raises.
+        ValueError: for a ``ModelParallelStrategy`` run without ``device_mesh`` (``plan_offline`` makes
+            one on a fake process group), and what :meth:`ClassSpec.instantiate` raises.
     """
     if run.strategy_name == "fsdp2" and device_mesh is None:
         raise ValueError(
-            "`strategy` ModelParallelStrategy (FSDP2) cannot be planned without its processes yet: the"
-            " sharded twin needs the fit's device mesh; plan it with AutoCheckpoint in the fit"
+            "`device_mesh` is needed for `strategy` ModelParallelStrategy (FSDP2), got None: the twin is"
+            " sharded over it (plan_offline makes one on a fake process group)"
         )
     master_dtype, compute_dtype = param_dtypes(run)
     mode = FakeTensorMode()

@@ -4,17 +4,24 @@ The training step is profiled on fake tensors exactly as :class:`~lightning_ckpt
 it (:mod:`lightning_ckpt.lightning.fake_run`), with the recompute cost counted in FLOPs, and planned with the same
 ``make_plan``. The static memory (parameters, gradients, optimizer state, strategy buffers) is the
 per-device figure of the configured strategy (:mod:`lightning_ckpt.lightning.fake_static`).
+
+FSDP2 (``ModelParallelStrategy``) is planned as the callback plans it in a fit: the model's own
+``configure_model`` shards it with ``fully_shard``, and FSDP2 runs its step on fake tensors. The device
+mesh it shards over is made in this process on torch's fake process group, as rank 0 of the config's
+world size (collectives move no data; rank 0 holds the largest shards where they do not divide evenly).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_ckpt._compat import init_fake_process_group
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
@@ -117,7 +124,8 @@ def plan_offline(
 
     Raises:
         BudgetTooSmallError: the budget is below the smallest that works (the message names it).
-        ValueError: bad arguments, no budget anywhere, no data module, or a strategy it cannot model.
+        ValueError: bad arguments, no budget anywhere, no data module, a strategy it cannot model
+            (FSDP2 with tensor parallelism), or FSDP2 in a process that has a process group already.
 
     Example:
         >>> result = plan_offline("configs/gpt-cpu.yaml", overrides=["--model.init_args.n_layer", "2"])
@@ -132,7 +140,9 @@ def plan_offline(
         raise ValueError(
             f"the config {str(config_path)!r} must name a `data` module (the batch shape comes from it)"
         )
-    profiled = profile_run_on_fake_tensors(run, settings.targets, first_batch(run.data))
+    batch = first_batch(run.data)
+    with _offline_device_mesh(run) as mesh:
+        profiled = profile_run_on_fake_tensors(run, settings.targets, batch, device_mesh=mesh)
     profile = _with_seconds(profiled.profile, tflops)
     settings = dataclasses.replace(settings, cost="flops")  # nothing to time offline
     plan = make_plan(profile, settings.budget_bytes, settings, notes=_notes(run))
@@ -149,6 +159,55 @@ def plan_offline(
         recompute_flops=sum(m.flops for m in profile.modules if m.name in checkpointed),
         tflops=tflops,
     )
+
+
+@contextlib.contextmanager
+def _offline_device_mesh(run: RunConfig) -> Iterator[Any]:
+    """For an FSDP2 run, the ``ModelParallelStrategy`` device mesh (``data_parallel`` x ``tensor_parallel``)
+    on a fake process group of the run's world size, this process its rank 0, until the block ends;
+    ``None`` for any other strategy."""
+    if run.strategy_name != "fsdp2":
+        yield None
+        return
+    shape = _fsdp2_mesh_shape(run)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise ValueError(
+            "`strategy` ModelParallelStrategy (FSDP2) is planned offline on a fake process group of its own,"
+            f" but this process has a process group already (world size {dist.get_world_size()}); plan"
+            " from a fresh process (`lightning-ckpt plan`)"
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    init_fake_process_group(run.world_size)
+    try:
+        yield init_device_mesh("cpu", shape, mesh_dim_names=("data_parallel", "tensor_parallel"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp2_mesh_shape(run: RunConfig) -> tuple[int, int]:
+    """(data-parallel, tensor-parallel) sizes as ``ModelParallelStrategy`` resolves them ("auto": the
+    number of nodes and the devices per node); only data parallelism is planned for."""
+    args = run.strategy_args
+    auto = {
+        "data_parallel_size": int(run.trainer.get("num_nodes") or 1),
+        "tensor_parallel_size": run.devices_per_node,
+    }
+    data, tensor = (auto[key] if args.get(key, "auto") == "auto" else int(args[key]) for key in auto)
+    if tensor != 1:
+        raise ValueError(
+            "`tensor_parallel_size` must be 1 to plan ModelParallelStrategy (FSDP2 data parallelism only;"
+            f" tensor parallelism is not planned for yet; 'auto' is the devices per node), got {tensor}:"
+            " set trainer.strategy.init_args.tensor_parallel_size to 1 and data_parallel_size to the world size"
+        )
+    if data != run.world_size:
+        raise ValueError(
+            f"`data_parallel_size` must be the world size {run.world_size} (devices x num_nodes) with"
+            f" tensor_parallel_size 1, got {data}: set trainer.strategy.init_args.data_parallel_size"
+        )
+    return data, tensor
 
 
 def _overrides(overrides: Sequence[str] | None, devices: int | None, num_nodes: int | None) -> list[str]:
@@ -183,6 +242,10 @@ def _callback_settings(run: RunConfig, budget_gb: float | None) -> AutoCheckpoin
 
 def _notes(run: RunConfig) -> tuple[str, ...]:
     notes = ["planned offline on fake tensors; recompute cost = forward FLOPs"]
+    if run.strategy_name == "fsdp2":
+        notes.append(
+            f"FSDP2 sharded by the model's configure_model as rank 0 of {run.world_size} (fake process group)"
+        )
     if not str(run.trainer.get("devices", 1)).strip().isdigit() and run.world_size == 1:
         notes.append(
             f"trainer.devices={run.trainer.get('devices')!r} counted as 1 device per node (pass --devices)"

@@ -1,0 +1,153 @@
+"""Run by tests/test_fsdp2.py: a transformers Llama (built from a tiny config, random weights) under FSDP2
+on 2 CPU processes (gloo), each decoder layer ``fully_shard``-ed in the LightningModule's
+``configure_model``, as Lightning's docs and torchtitan shard a decoder.
+
+Usage:
+    python tests/fsdp2_hf_script.py OUT_DIR probe
+        Rank r writes ``bounds{r}.json``: its predicted peak with every layer checkpointed (the minimum),
+        with none (unchecked), and its static bytes.
+    python tests/fsdp2_hf_script.py OUT_DIR run BUDGET_BYTES
+        ``capped``: 3 steps inside ``memory_cap(BUDGET_BYTES)`` per rank with ``budget_gb`` equal to the
+        cap; then ``plain``: the same 3 steps without the callback. Each writes ``{name}_facts{r}.json``
+        (losses; with the callback the checkpointed layers, the rank's own predicted peak for them, its
+        minimum and unchecked peaks, the cap's peak and the lightning_ckpt warnings) and, on rank 0, the
+        full parameters after the fit (``{name}.pt``). A rank out of memory writes ``{name}_oom{r}.txt``.
+
+The batches are padded (``input_ids``, ``attention_mask``, ``labels`` -100 on the padding), each rank its
+own rows (Lightning's distributed sampler); ``use_cache`` is the config's default (on).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.fsdp import fully_shard
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from callback_helpers import fast_trainer  # noqa: E402
+from real_models import padded_token_loader  # noqa: E402
+
+from examples.hf_lm import HFCausalLM  # noqa: E402
+from lightning_ckpt import AutoCheckpoint  # noqa: E402
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
+from lightning_ckpt.testing import memory_cap  # noqa: E402
+
+WORLD, STEPS = 2, 3
+LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+)
+
+
+class ShardedLlama(HFCausalLM):
+    """The transformers causal LM, each decoder layer and then the transformers model ``fully_shard``-ed
+    (the root: ``training_step`` calls ``self.model``, so FSDP2's root hooks must be on it)."""
+
+    def configure_model(self) -> None:
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+
+class DictBatches(torch.utils.data.Dataset):
+    """``padded_token_loader``'s rows as the dicts a tokenizer gives: ids, mask, labels (-100 on padding)."""
+
+    def __init__(self) -> None:
+        ids, mask = padded_token_loader(num_batches=2 * STEPS, batch_size=4).dataset.tensors
+        self.rows = ids, mask, ids.masked_fill(mask == 0, -100)
+
+    def __len__(self) -> int:
+        return len(self.rows[0])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return dict(zip(("input_ids", "attention_mask", "labels"), (t[i] for t in self.rows), strict=True))
+
+
+class Losses(L.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+
+def trainer_for(callbacks: list, max_steps: int = STEPS) -> L.Trainer:
+    strategy = ModelParallelStrategy(
+        data_parallel_size=WORLD, tensor_parallel_size=1, timeout=timedelta(seconds=180)
+    )
+    return fast_trainer(callbacks, max_steps=max_steps, devices=WORLD, strategy=strategy)
+
+
+def model() -> ShardedLlama:
+    torch.manual_seed(0)
+    return ShardedLlama("llama", LLAMA)
+
+
+def loader() -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(DictBatches(), batch_size=4, shuffle=False)
+
+
+def probe(out_dir: Path) -> None:
+    callback = AutoCheckpoint(budget_gb=1000, measure=False)
+    L.seed_everything(0, verbose=False)
+    trainer = trainer_for([callback], max_steps=1)
+    trainer.fit(model(), train_dataloaders=loader())
+    profile = callback.profile
+    bounds = {
+        "minimum": fixed_peak_bytes(profile),
+        "unchecked": predict_peak_bytes(profile, []),
+        "static": profile.static_bytes,
+    }
+    (out_dir / f"bounds{trainer.global_rank}.json").write_text(json.dumps(bounds))
+
+
+def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
+    losses = Losses()
+    callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9)
+    L.seed_everything(0, verbose=False)
+    trainer = trainer_for([losses] + ([callback] if callback else []))
+    rank, live = trainer.global_rank, model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with memory_cap(budget_bytes or 10**12, model=live) as cap:
+                trainer.fit(live, train_dataloaders=loader())
+        except torch.OutOfMemoryError as error:
+            (out_dir / f"{name}_oom{rank}.txt").write_text(f"step {trainer.global_step}: {error}")
+            raise
+    facts = {"losses": losses.losses, "global_step": trainer.global_step, "cap_peak": cap.peak_bytes}
+    if callback is not None:
+        plan, profile = callback.plan, callback.profile
+        facts |= {
+            "checkpointed": list(plan.checkpointed),
+            "candidates": [item.name for item in plan.items],
+            "predicted": predict_peak_bytes(profile, plan.checkpointed),
+            "minimum": fixed_peak_bytes(profile),
+            "unchecked": predict_peak_bytes(profile, []),
+            "warnings": [str(w.message) for w in caught if "lightning_ckpt" in w.filename],
+        }
+    (out_dir / f"{name}_facts{rank}.json").write_text(json.dumps(facts))
+    full = {key: param.full_tensor().detach() for key, param in live.named_parameters()}
+    if rank == 0:
+        torch.save(full, out_dir / f"{name}.pt")
+
+
+if __name__ == "__main__":
+    out, mode = Path(sys.argv[1]), sys.argv[2]
+    if mode == "probe":
+        probe(out)
+    else:
+        fit(out, "capped", int(sys.argv[3]))
+        fit(out, "plain", None)
