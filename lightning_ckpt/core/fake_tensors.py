@@ -82,7 +82,7 @@ def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel) -> int:
             twin.step()
     except Exception as error:  # an optimizer whose constructor or step needs more than its param groups
         warnings.warn(
-            f"the step of {type(optimizer).__name__} could not run on fake tensors ({type(error).__name__}:"
+            f"AutoCheckpoint: the step of {type(optimizer).__name__} could not run on fake tensors ({type(error).__name__}:"
             f" {error}); its temporaries are not in the prediction",
             stacklevel=2,
         )
@@ -104,5 +104,13 @@ def _twin_optimizer(optimizer: torch.optim.Optimizer, fake: FakeModel) -> torch.
         groups.append({**group, "params": params, "foreach": foreach})
     twin = type(optimizer)(groups)
     for real, state in optimizer.state.items():
-        twin.state[fake.twins[id(real)]] = {key: fake.fake(value) for key, value in state.items()}
+        twin.state[fake.twins[id(real)]] = {key: _fake_state(value, fake) for key, value in state.items()}
     return twin
+
+
+def _fake_state(value: Any, fake: FakeModel) -> Any:
+    """A fake copy of one state entry; a CPU scalar (Adam's ``step``) becomes a constant fake scalar, which
+    the step may read with ``.item()`` (its value changes no allocation, so it is 1)."""
+    if type(value) is torch.Tensor and value.dim() == 0 and value.device.type == "cpu":
+        return torch.tensor(1.0, dtype=value.dtype)  # created under the fake mode: a constant
+    return fake.fake(value)
