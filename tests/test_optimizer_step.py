@@ -130,3 +130,17 @@ def test_training_at_the_advice_of_a_resumed_run_into_a_new_length_stays_within_
     assert restored.state_bytes > 0
     assert callback.plan.predicted_peak_bytes <= resumed_advice
     assert cap.peak_bytes >= 0.98 * callback.plan.predicted_peak_bytes  # the advice is not loose either
+
+
+def test_an_offline_plan_counts_the_optimizer_step_as_the_callback_does(tmp_path):
+    from test_offline import _yaml
+
+    from lightning_ckpt.lightning.fake_run import profile_run_on_fake_tensors
+    from lightning_ckpt.offline.data import first_batch
+    from lightning_ckpt.offline.run_config import load_run_config
+
+    run = load_run_config(_yaml(tmp_path))
+    offline = profile_run_on_fake_tensors(run, None, first_batch(run.data)).profile
+    callback = AutoCheckpoint(budget_gb=1000, cost="flops", measure=False)
+    fast_trainer([callback], max_steps=1).fit(run.model.instantiate(), datamodule=run.data.instantiate())
+    assert offline.optimizer_step_bytes == callback.profile.optimizer_step_bytes > 0
