@@ -55,7 +55,12 @@ def replay_peak_bytes(
         phases = [p for p in profile.phases if p.candidate == candidate and not p.if_checkpointed]
         if not phases:
             continue
-        held = held_at(starts.without(candidate), starts.nbytes, [phase.time for phase in phases])
+        held = np.array(
+            [
+                held_at(starts.at(phase, starts.without(candidate)), starts.nbytes, [phase.time])[0]
+                for phase in phases
+            ]
+        )
         recomputed = recompute.get(candidate, 0)  # only in the backward: its forward phase has it already
         extra = np.array(
             [
@@ -67,7 +72,7 @@ def replay_peak_bytes(
         peak = max(peak, int((held + extra).max()))
     own = [p for p in profile.phases if p.if_checkpointed and p.candidate in chosen]
     if own:  # a checkpointed candidate's own forward: its inputs kept, its saves never made
-        held = held_at(starts.base, starts.nbytes, [phase.time for phase in own])
+        held = np.array([held_at(starts.at(p, starts.base), starts.nbytes, [p.time])[0] for p in own])
         extra = np.array(
             [p.extra_bytes + last_step_held_bytes(p, profile, when) for p in own], dtype=np.int64
         )
@@ -130,11 +135,19 @@ class AliveStarts:
         self.storages, self.checkpointed = storages, frozenset(checkpointed)
         self.base = np.array([alive_from(s, self.checkpointed) for s in storages], dtype=np.float64)
         self.nbytes = np.array([s.nbytes for s in storages], dtype=np.int64)
+        self.cached = np.array(  # an autocast cast held by the cache through the forward: its first save
+            [min(seq for _, seq in s.saves) if s.forward_cached else np.inf for s in storages],
+            dtype=np.float64,
+        )
         self._touching: dict[str, list[int]] = {}
         for i, storage in enumerate(storages):
             names = {owner for owner, _ in storage.saves if owner is not None}
             for name in names | {name for name, _ in storage.inputs}:
                 self._touching.setdefault(name, []).append(i)
+
+    def at(self, phase, starts: np.ndarray) -> np.ndarray:
+        """``starts`` at ``phase``: in the forward, autocast's cache holds its casts from their first save."""
+        return np.minimum(starts, self.cached) if phase.forward else starts
 
     def without(self, candidate: str) -> np.ndarray:
         """The starts with ``candidate`` not checkpointed."""

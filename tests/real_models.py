@@ -120,3 +120,48 @@ class ResNet(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+class LoRALinear(nn.Module):
+    """A LoRA adapter around a frozen ``nn.Linear``: ``base(x) + (x A^T) B^T``, rank ``rank``."""
+
+    def __init__(self, base: nn.Linear, rank: int = 8) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.a = nn.Parameter(torch.randn(rank, base.in_features) * 0.01)
+        self.b = nn.Parameter(torch.zeros(base.out_features, rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.a.t()) @ self.b.t()
+
+
+class Qwen2LM(L.LightningModule):
+    """A tiny Qwen2 from its config on padded batches: full fine-tuning, or LoRA on the attention's q and
+    v projections with every other weight frozen (``lora=True``)."""
+
+    def __init__(self, lora: bool = False, width: int = 64, layers: int = 3) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        torch.manual_seed(0)
+        config = transformers.Qwen2Config(
+            vocab_size=256,
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+        self.model = transformers.Qwen2ForCausalLM(config)
+        if lora:
+            self.model.requires_grad_(False)
+            for layer in self.model.model.layers:
+                layer.self_attn.q_proj = LoRALinear(layer.self_attn.q_proj)
+                layer.self_attn.v_proj = LoRALinear(layer.self_attn.v_proj)
+
+    def training_step(self, batch, batch_idx):
+        ids, mask = batch
+        labels = ids.masked_fill(mask == 0, -100)
+        return self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)

@@ -1,9 +1,10 @@
 """The predicted peak is within 2% of the measured one, both directions, on models this project did not write.
 
-Measured by :class:`lightning_ckpt.testing.memory_cap` with an unreachable cap (an independent counter of
-every live storage, batches and Lightning's own tensors included), over whole training runs: under
-Lightning's loop (gradients freed after the forward) and in a plain PyTorch loop that calls
-``zero_grad()`` before the forward.
+Measured by :class:`lightning_ckpt.testing.memory_cap` (an independent counter of every live storage,
+batches and Lightning's own tensors included), over whole training runs: under Lightning's loop
+(gradients freed after the forward) with the cap equal to the budget, so that the advised minimum is a
+budget every step fits, and in a plain PyTorch loop that calls ``zero_grad()`` before the forward, with
+an unreachable cap.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import lightning as L
 import pytest
 import torch
 from callback_helpers import assert_within_two_percent, fast_trainer, probe_profile, tiny_gpt, token_loader
+from test_budget_promise import exact_budget
 from torch import nn
 
 from lightning_ckpt import AutoCheckpoint
@@ -92,15 +94,17 @@ def _profile(make_model):
 
 
 def _budgets(profile, count: int) -> list[int]:
+    """``count`` budgets from the advised minimum to the unchecked peak, each exact in GB."""
     low, high = fixed_peak_bytes(profile), predict_peak_bytes(profile, [])
-    return [low + (high - low) * i // (count - 1) for i in range(count)]
+    return [exact_budget(low + (high - low) * i // (count - 1)) for i in range(count)]
 
 
 def _lightning_peak(make_model, budget_bytes: int) -> tuple[int, int]:
-    """(predicted, measured) peak of a Lightning fit with AutoCheckpoint at ``budget_bytes``."""
-    model, callback = make_model(), AutoCheckpoint(budget_gb=budget_bytes / 1e9)
-    with memory_cap(UNREACHABLE, model=model) as meter:
-        fast_trainer([callback], max_steps=4).fit(model, train_dataloaders=token_loader())
+    """(predicted, measured) peak of a Lightning fit with AutoCheckpoint at ``budget_bytes``, on a device
+    of exactly the budget (the advised minimum included: every step at or under it)."""
+    model, callback, data = make_model(), AutoCheckpoint(budget_gb=budget_bytes / 1e9), token_loader()
+    with memory_cap(budget_bytes, model=model) as meter:
+        fast_trainer([callback], max_steps=4).fit(model, train_dataloaders=data)
     return callback.plan.predicted_peak_bytes, meter.peak_bytes
 
 

@@ -479,3 +479,33 @@ def test_inside_torch_compile_the_hooks_step_aside_with_a_warning():
         compiled(x).sum().backward()
     torch.testing.assert_close([p.grad for p in model.parameters()], [p.grad for p in reference.parameters()])
     assert checkpointed_names(model) == ["2"]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_transformers_model_trains_without_its_kv_cache_and_gets_it_back_on_remove(kind):
+    """Padded, with the config's cache on: wrapped by ``apply_checkpointing`` alone (no callback), the
+    backward works and gives the plain model's gradients; eval mode keeps the cache; remove gives it back."""
+    pytest.importorskip("transformers")
+    from real_models import PaddedLM, padded_token_loader
+
+    plain, wrapped = PaddedLM(kind), PaddedLM(kind)
+    layers = wrapped.model.transformer.h if kind == "gpt2" else wrapped.model.model.layers
+    names = [name for name, module in wrapped.named_modules() if any(module is layer for layer in layers)]
+    assert len(apply_checkpointing(wrapped, names)) == 4
+    ids, mask = next(iter(padded_token_loader()))
+    labels = ids.masked_fill(mask == 0, -100)
+    for model in (plain, wrapped):
+        model.train()
+        torch.manual_seed(0)  # the same dropout masks
+        out = model.model(input_ids=ids, attention_mask=mask, labels=labels)
+        assert (out.past_key_values is None) == (model is wrapped)
+        out.loss.backward()
+    for (name, param), reference in zip(wrapped.named_parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(param.grad, reference.grad, msg=name)
+    wrapped.eval()
+    with torch.no_grad():
+        assert wrapped.model(input_ids=ids, attention_mask=mask).past_key_values is not None
+    wrapped.train()
+    assert remove_checkpointing(wrapped) == names
+    with torch.no_grad():
+        assert wrapped.model(input_ids=ids, attention_mask=mask).past_key_values is not None

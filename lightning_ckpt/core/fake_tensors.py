@@ -82,7 +82,7 @@ def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel) -> int:
             twin.step()
     except Exception as error:  # an optimizer whose constructor or step needs more than its param groups
         warnings.warn(
-            f"the step of {type(optimizer).__name__} could not run on fake tensors ({type(error).__name__}:"
+            f"AutoCheckpoint: the step of {type(optimizer).__name__} could not run on fake tensors ({type(error).__name__}:"
             f" {error}); its temporaries are not in the prediction",
             stacklevel=2,
         )

@@ -42,11 +42,17 @@ from typing import Any
 
 import torch.nn as nn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from torch.utils.hooks import RemovableHandle
 
 from lightning_ckpt._compat import FakeTensor
 from lightning_ckpt.core.names import outermost_matching, strip_wrapper_prefixes
 
-__all__ = ["own_checkpointing_off", "training_without_cache", "unpacked_positions_on_fake_tensors"]
+__all__ = [
+    "cache_off_in_training",
+    "own_checkpointing_off",
+    "training_without_cache",
+    "unpacked_positions_on_fake_tensors",
+]
 
 log = logging.getLogger(__name__)
 _SAID: set[str] = set()  # model classes whose cache was turned off, said once each
@@ -58,15 +64,26 @@ def training_without_cache(model: nn.Module) -> Iterator[list[str]]:
 
     Yields the names of the hooked modules; the hooks are removed on exit.
     """
+    names, handles = cache_off_in_training(model)
+    try:
+        yield names
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def cache_off_in_training(model: nn.Module) -> tuple[list[str], list[RemovableHandle]]:
+    """The hooks of :func:`training_without_cache`, left on: (hooked names, their handles to remove).
+
+    Example:
+        >>> cache_off_in_training(nn.Linear(1, 1))
+        ([], [])
+    """
     names = outermost_matching(model.named_modules(), lambda _, module: _takes_use_cache(module))
     handles = [
         model.get_submodule(name).register_forward_pre_hook(_no_cache, with_kwargs=True) for name in names
     ]
-    try:
-        yield [strip_wrapper_prefixes(name) for name in names]
-    finally:
-        for handle in handles:
-            handle.remove()
+    return [strip_wrapper_prefixes(name) for name in names], handles
 
 
 def _no_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:

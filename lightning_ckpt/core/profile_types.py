@@ -62,6 +62,9 @@ class SavedStorage:
     """(innermost candidate or ``None``, forward sequence number) of each save."""
     inputs: tuple[tuple[str, int], ...]
     """(candidate, forward sequence number of the call) for each call that took it as a tensor input."""
+    forward_cached: bool = False
+    """An autocast copy of a trainable parameter: autocast's cache holds it from its first save to the
+    end of the forward, whoever saved it (checkpointed or not); in the backward it lives as its saves do."""
 
 
 @dataclass(frozen=True)

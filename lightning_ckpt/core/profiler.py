@@ -278,7 +278,8 @@ def _model_sizes(params: list[torch.Tensor], buffers: list[torch.Tensor], optimi
 
 def _build_profile(sizes: ModelSizes, recorder: Recorder, seconds: dict[str, float]) -> StepProfile:
     storages = tuple(
-        SavedStorage(row.nbytes, tuple(row.saves), tuple(row.inputs)) for row in recorder.saved_rows()
+        SavedStorage(row.nbytes, tuple(row.saves), tuple(row.inputs), row.forward_cached)
+        for row in recorder.saved_rows()
     )
     modules = tuple(
         ModuleProfile(

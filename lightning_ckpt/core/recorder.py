@@ -31,6 +31,8 @@ class StorageRow:
     """The storage's :func:`~lightning_ckpt.core.storage.storage_key` while it lives, then None."""
     saves: list[tuple[str | None, int]] = field(default_factory=list)
     inputs: list[tuple[str, int]] = field(default_factory=list)
+    forward_cached: bool = False
+    """An autocast cast of a trainable parameter (see ``SavedStorage.forward_cached``)."""
 
 
 class StepTracker(LiveStorageTracker):
@@ -135,11 +137,11 @@ class Recorder:
         self.excluded = excluded  # storage keys of parameters and buffers
         self.flop_counter = flop_counter
         self.params = [p for p in params if p.requires_grad]
-        self.tracker = StepTracker(cast_sources=frozenset(excluded))
+        self.tracker = StepTracker(cast_sources=_storage_keys(self.params))  # autocast caches their casts
         self.recompute_extra: dict[str, int] = dict.fromkeys(modules, 0)
         self.call_starts: list[tuple[int, str, int]] = []  # (sequence, candidate, live bytes) at each call
         self.seq = 0
-        self.stack: list[tuple[str, int, bool]] = []  # (candidate, flops at entry, autocast on)
+        self.stack: list[tuple[str, int, bool]] = []  # (candidate, flops at entry, autocast caching)
         self.rows: list[StorageRow] = []
         self.flops: dict[str, int] = dict.fromkeys(modules, 0)
         self.in_backward = False  # set by `start_backward` when the forward has returned the loss
@@ -158,6 +160,11 @@ class Recorder:
         keep a recomputation's tensors alive to the end of the backward) and recording forward calls."""
         self.in_backward = True
         self._counting_flops.close()
+        if _autocast_caches():  # the backward runs inside autocast: its cache holds the casts to the end
+            for row in self.rows:
+                if row.forward_cached:
+                    row.saves = [(None, seq) for _, seq in row.saves]
+                    row.forward_cached = False
 
     def _next(self) -> int:
         self.seq += 1
@@ -191,7 +198,7 @@ class Recorder:
                 row = self._row(tensor)
                 if row is not None:
                     row.inputs.append((name, seq))
-            self.stack.append((name, self.flop_counter.get_total_flops(), autocast_enabled()))
+            self.stack.append((name, self.flop_counter.get_total_flops(), _autocast_caches()))
             self.call_starts.append((seq, name, self.tracker.live_bytes))
             self.tracker.open_window()
 
@@ -217,13 +224,13 @@ class Recorder:
         if self.in_backward:  # saved by a recomputation in the backward: not a forward save
             return None, None, tensor
         seq = self._next()
-        owner, _, autocast = self.stack[-1] if self.stack else (None, 0, False)
+        owner, _, caching = self.stack[-1] if self.stack else (None, 0, False)
         storage = storage_of(tensor)
-        if autocast and storage is not None and storage_key(storage) in self.tracker.casts:
-            owner = None  # autocast caches parameter casts to the end of the forward, checkpointed or not
         row = self._row(tensor)
         if row is not None:
             row.saves.append((owner, seq))
+            if caching and storage is not None and storage_key(storage) in self.tracker.casts:
+                row.forward_cached = True  # autocast's cache holds it to the end of the forward
         return seq, owner, tensor
 
     def _unpack(self, packed: tuple[int | None, str | None, torch.Tensor]) -> torch.Tensor:
@@ -256,3 +263,13 @@ class Recorder:
         finally:
             for handle in handles:
                 handle.remove()
+
+
+def _storage_keys(tensors: list[torch.Tensor]) -> frozenset[int]:
+    return frozenset(storage_key(s) for s in map(storage_of, tensors) if s is not None)
+
+
+def _autocast_caches() -> bool:
+    """Whether autocast is on with its cast cache (``torch.autocast(cache_enabled=True)``, the default;
+    Lightning's mixed precision turns the cache off, so its casts live as their saves do)."""
+    return autocast_enabled() and torch.is_autocast_cache_enabled()

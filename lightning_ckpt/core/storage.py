@@ -126,9 +126,7 @@ class LiveStorageTracker(TorchDispatchMode):
         self._lock = threading.RLock()  # a finalizer may run (garbage collection) while this thread holds it
 
     def __enter__(self) -> LiveStorageTracker:
-        for tensor in self._existing:
-            for storage in self._storages(tensor):
-                self._track(storage, "entry")
+        self.count_existing(self._existing)
         self._existing = []
         _watch_resizes(self)
         try:
@@ -154,6 +152,13 @@ class LiveStorageTracker(TorchDispatchMode):
                 if func is torch.ops.aten._to_copy.default and self._casts_a_source(args):
                     self.casts.add(storage_key(storage))
         return out
+
+    def count_existing(self, tensors: Iterable[Any]) -> None:
+        """Count the storages of ``tensors`` from now on until they are freed (ones made where no op ran,
+        e.g. optimizer state loaded from a checkpoint); storages counted already are left as they are."""
+        for tensor in tensors:
+            for storage in self._storages(tensor):
+                self._track(storage, "existing")
 
     def _storages(self, tensor: Any) -> list[torch.UntypedStorage]:
         if not isinstance(tensor, torch.Tensor):

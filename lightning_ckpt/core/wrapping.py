@@ -50,6 +50,7 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
 from lightning_ckpt._compat import CHECKPOINT_WRAPPER_CLASS, NormBase, checkpoint_region, composable_api_names
+from lightning_ckpt.core.hf_models import cache_off_in_training
 from lightning_ckpt.core.names import resolve_modules, strip_wrapper_prefixes
 
 __all__ = [
@@ -66,6 +67,9 @@ log = logging.getLogger(__name__)
 
 _STATE = "_lightning_ckpt_checkpoint"
 """Instance attribute holding a module's :class:`_Checkpoint` (a plain attribute: not in ``state_dict``)."""
+
+_NO_CACHE = "_lightning_ckpt_no_cache"
+"""Instance attribute of a model given to :func:`apply_checkpointing`: the handles of its KV-cache hooks."""
 
 
 last_recomputed: str | None = None
@@ -230,7 +234,10 @@ def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:
 
     All names are validated before anything is touched, and an error part-way undoes this call. Modules
     already checkpointed (by this function or by torch's ``checkpoint_wrapper`` or composable
-    ``checkpoint``) are skipped with a warning, never recomputed twice.
+    ``checkpoint``) are skipped with a warning, never recomputed twice. A transformers model's KV cache
+    is off while it trains, as AutoCheckpoint and transformers' own checkpointing turn it off (a
+    recomputed layer would write it twice): every outermost submodule whose ``forward`` takes
+    ``use_cache`` gets ``use_cache=False`` in training mode, until :func:`remove_checkpointing`.
 
     Args:
         model: the model; may be wrapped by DDP/FSDP/``torch.compile`` (names are given without the
@@ -267,6 +274,8 @@ def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:
         for name in wrapped:
             _unwrap(modules[name])
         raise
+    if wrapped and _NO_CACHE not in model.__dict__:
+        model.__dict__[_NO_CACHE] = cache_off_in_training(model)[1]
     log.info("activation checkpointing applied to %d module(s): %s", len(wrapped), ", ".join(wrapped) or "-")
     return wrapped
 
@@ -278,6 +287,9 @@ def remove_checkpointing(model: nn.Module) -> list[str]:
     ``always_call`` hooks) left open in the middle of a forward.
     """
     removed = [strip_wrapper_prefixes(name) for name, module in model.named_modules() if _unwrap(module)]
+    for module in model.modules():
+        for handle in module.__dict__.pop(_NO_CACHE, ()):  # the KV cache as it was
+            handle.remove()
     if removed:
         log.info("activation checkpointing removed from %d module(s): %s", len(removed), ", ".join(removed))
     return removed

@@ -26,6 +26,8 @@ from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, 
 
 from lightning_ckpt._compat import FakeTensorMode, give_device_mesh, tree_leaves, tree_map_only
 from lightning_ckpt.core.candidates import find_candidates
+from lightning_ckpt.core.fake_tensors import FakeModel as FakeTwins
+from lightning_ckpt.core.fake_tensors import optimizer_step_extra_bytes
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.core.profiler import profile_step
@@ -139,13 +141,23 @@ def profile_run_on_fake_tensors(
         fake_batch = tree_map_only(torch.Tensor, mode.from_tensor, batch)
         optimizer = _configured_optimizer(model)
         profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer, plugin)
+        step_bytes = _optimizer_step_bytes(optimizer, model, mode)
     static = static_memory_of(run, FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
     return RunProfile(
-        profile=dataclasses.replace(profile, static=static),
+        profile=dataclasses.replace(profile, static=static, optimizer_step_bytes=step_bytes),
         num_parameters=sum(p.numel() for p in model.parameters()),
         batch_shapes=tuple(tuple(t.shape) for t in tree_leaves(batch) if isinstance(t, torch.Tensor)),
         static=static,
     )
+
+
+def _optimizer_step_bytes(optimizer: Any, model: torch.nn.Module, mode: FakeTensorMode) -> int:
+    """The optimizer step's temporaries on the fake model (its parameters are their own fake twins)."""
+    params = list(model.parameters())
+    step_bytes = optimizer_step_extra_bytes(optimizer, FakeTwins(mode, {id(p): p for p in params}))
+    for param in params:  # the twin optimizer gave them fake gradients
+        param.grad = None
+    return step_bytes
 
 
 @contextlib.contextmanager

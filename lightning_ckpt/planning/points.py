@@ -4,7 +4,8 @@ The step's phases (the backward's points and the candidates' forwards, see
 :class:`~lightning_ckpt.core.profile_types.BackwardPhase`) are written once each, for every
 checkpointing choice at the same time: at a point, a saved storage is held when any of its *literals* holds (a save by a kept candidate, or an
 input of a checkpointed one, at or before the point's time; a save outside the candidates makes it
-held always). A storage with one literal adds its bytes to that candidate's coefficient (or, for an
+held always; at the forward's points, an autocast cast that ``torch.autocast``'s cache holds is held
+from its first save, checkpointed or not). A storage with one literal adds its bytes to that candidate's coefficient (or, for an
 input, to the base less the coefficient); a storage with several is an *either* term (an OR), which
 no single coefficient expresses. The recompute of a checkpointed candidate in its own backward
 splits its points in two, one for each choice; its own checkpointed forward counts only when it is
@@ -48,6 +49,10 @@ __all__ = [
 
 Literal = tuple[int, bool]
 """(candidate index, kept): a save of a kept candidate (True) or an input of a checkpointed one (False)."""
+
+
+_Spec = tuple[float, Literal | None, int, Literal | None, bool]
+"""A point to write: (time, fixed candidate, base bytes, when, a point of the forward)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,21 +126,21 @@ def peak_points(profile: StepProfile, *, zero_grad: ZeroGrad | None = None) -> t
     grads = profile.static.grad_bytes
     outer = profile.static_bytes - grads + profile.batch_bytes
     optimizer_step = outer + grads + profile.after_backward_bytes + profile.optimizer_step_bytes
-    specs: list[tuple[float, Literal | None, int, Literal | None]] = []  # time, fixed, base, when
+    specs: list[_Spec] = []
     for phase in profile.phases:
         index = names.get(phase.candidate) if phase.candidate is not None else None
         extra = outer + phase.extra_bytes + last_step_held_bytes(phase, profile, when)
         if phase.if_checkpointed:
             if index is not None:  # counted only when checkpointed, its own saves not made
-                specs.append((phase.time, (index, False), extra, (index, False)))
+                specs.append((phase.time, (index, False), extra, (index, False), phase.forward))
             continue
         fixed = None if index is None else (index, True)  # being recomputed: its saves are alive
         recompute = 0 if phase.forward or index is None else profile.modules[index].recompute_extra_bytes
         if recompute:
-            specs.append((phase.time, fixed, extra, (index, True)))
-            specs.append((phase.time, fixed, extra + recompute, (index, False)))
+            specs.append((phase.time, fixed, extra, (index, True), phase.forward))
+            specs.append((phase.time, fixed, extra + recompute, (index, False), phase.forward))
         else:
-            specs.append((phase.time, fixed, extra, None))
+            specs.append((phase.time, fixed, extra, None, phase.forward))
     return (PeakPoint(optimizer_step, _zeros(len(names))), *_StorageTable(profile, names).points(specs))
 
 
@@ -154,6 +159,7 @@ class _StorageTable:
         self.owner = np.full(len(self.nbytes), -1)  # the one candidate it involves (-1: none)
         self.saved = np.full(len(self.nbytes), np.nan)  # its earliest save by that candidate
         self.taken = np.full(len(self.nbytes), np.nan)  # its earliest call of that candidate
+        self.cached = np.full(len(self.nbytes), np.nan)  # an autocast cast: its first save (forward only)
         self.several: list[tuple[int, dict[Literal, float]]] = []  # storages involving 2+ candidates
         for k, storage in enumerate(profile.storages):
             self._add(k, storage, names)
@@ -162,6 +168,8 @@ class _StorageTable:
         earliest: dict[Literal, float] = {}
         outside = [seq for owner, seq in storage.saves if owner not in names]
         self.always[k] = min(outside, default=np.nan)  # held whatever is checkpointed
+        if storage.forward_cached:  # held to the end of the forward whatever is checkpointed
+            self.cached[k] = min((seq for _, seq in storage.saves), default=np.nan)
         for owner, seq in storage.saves:
             if owner in names:
                 earliest[(names[owner], True)] = min(earliest.get((names[owner], True), math.inf), seq)
@@ -179,12 +187,15 @@ class _StorageTable:
             self.taken[k] = earliest.get((m, False), np.nan)
 
     def points(self, specs: list) -> list[PeakPoint]:
-        """The points of ``(time, fixed candidate, base, when)`` specs, all at once (rows x storages)."""
+        """The points of ``(time, fixed candidate, base, when, forward)`` specs, all at once (rows x
+        storages)."""
         times = np.array([spec[0] for spec in specs], dtype=np.float64)[:, None]
+        forward = np.array([spec[4] for spec in specs], dtype=bool)[:, None]
         fixed = np.array([-3 if spec[1] is None else spec[1][0] for spec in specs])[:, None]
         fixed_kept = np.array([spec[1] is not None and spec[1][1] for spec in specs])[:, None]
         with np.errstate(invalid="ignore"):
             saved, taken, always = self.saved <= times, self.taken <= times, self.always <= times
+            always |= forward & (self.cached <= times)
         owned = self.owner >= 0
         is_fixed = self.owner == fixed
         fixed_held = np.where(fixed_kept, saved, taken) & is_fixed
@@ -195,7 +206,7 @@ class _StorageTable:
         keep = _sum_by_owner(signed, self.owner, self.n)
         bases = np.where(held | minus, self.nbytes, 0).sum(axis=1)
         points = []
-        for row, (time, fixed_one, base, when) in enumerate(specs):
+        for row, (time, fixed_one, base, when, _) in enumerate(specs):
             base += int(bases[row])
             either: list[tuple[tuple[Literal, ...], int]] = []
             for k, earliest in self.several:

@@ -1,0 +1,146 @@
+"""The optimizer step's temporaries are in every plan: the first, a later shape's, a resumed run's.
+
+The fake twin of an optimizer steps on fake copies of the real state (Adam's ``step`` count made a constant
+fake scalar, so the data-dependent ``.item()`` it calls still runs); what it allocates is what the real
+step allocates, byte for byte, before and after the real optimizer has state.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import lightning as L
+import pytest
+import torch
+from callback_helpers import fast_trainer, tiny_gpt
+from lightning.pytorch.callbacks import ModelCheckpoint
+from test_budget_promise import exact_budget, loader
+from torch import nn
+
+from lightning_ckpt import AutoCheckpoint
+from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
+from lightning_ckpt.core.memory.meter import state_tensors
+from lightning_ckpt.core.storage import LiveStorageTracker, unique_storage_bytes
+from lightning_ckpt.planning import BudgetTooSmallError
+from lightning_ckpt.testing import memory_cap
+
+GB = 1e9
+SHORT, LONG = 8, 32
+
+OPTIMIZERS = {
+    "adamw-foreach": lambda params: torch.optim.AdamW(params, foreach=True),
+    "adamw-for-loop": lambda params: torch.optim.AdamW(params, foreach=False),
+    "adam-amsgrad": lambda params: torch.optim.Adam(params, amsgrad=True),
+    "sgd-momentum-foreach": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=True),
+}
+
+
+def _real_step_temporaries(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    model(torch.randn(4, 64)).sum().backward()
+    with LiveStorageTracker() as tracker:
+        optimizer.step()
+    optimizer.zero_grad()
+    return tracker.peak_bytes - tracker.live_bytes
+
+
+def _fake_step_temporaries(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "could not run on fake tensors" fallback to 0
+        with fake_model(model) as fake:
+            return optimizer_step_extra_bytes(optimizer, fake)
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_the_fake_step_allocates_what_the_real_one_does_with_and_without_state(name):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    optimizer = OPTIMIZERS[name](model.parameters())
+    fresh = _fake_step_temporaries(model, optimizer)
+    first = _real_step_temporaries(model, optimizer)  # creates the state
+    with_state = _fake_step_temporaries(model, optimizer)
+    later = _real_step_temporaries(model, optimizer)
+    assert fresh == with_state == later, (fresh, first, with_state, later)
+    if name.startswith("adam"):
+        assert with_state > 0
+        assert all(int(s["step"]) == 2 for s in optimizer.state.values())  # the real state untouched
+
+
+class _GPT(L.LightningModule):
+    """The tiny GPT, wide and short (the optimizer step is the peak), trained with foreach AdamW."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.gpt = tiny_gpt(seed=seed, n_embd=64)
+
+    def training_step(self, batch, batch_idx):
+        return self.gpt(*batch)[1]
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3, foreach=True)
+
+
+class _CountRestoredState(L.Callback):
+    """The cap counts the optimizer state a resume loaded (made by ``torch.load``, where no op runs)."""
+
+    def __init__(self, cap: memory_cap) -> None:
+        self.cap = cap
+
+    def on_train_start(self, trainer, pl_module):
+        self.cap.count_existing(state_tensors(pl_module, trainer.optimizers[0]))
+        self.state_bytes = unique_storage_bytes(state_tensors(None, trainer.optimizers[0]))
+
+
+def _advice(lengths, budget_bytes: int = 1, ckpt_path=None, **trainer_kwargs) -> int:
+    """The smallest budget the callback advises for the first of ``lengths`` that ``budget_bytes`` cannot
+    hold (1 byte: the first)."""
+    callback = AutoCheckpoint(budget_gb=budget_bytes / GB)
+    trainer = fast_trainer([callback], max_steps=len(lengths), **trainer_kwargs)
+    with pytest.raises(BudgetTooSmallError) as caught:
+        trainer.fit(_GPT(seed=1), train_dataloaders=loader(lengths, batch_size=1), ckpt_path=ckpt_path)
+    return exact_budget(caught.value.minimum_bytes)
+
+
+def _checkpoint_at_short_length(tmp_path, budget_bytes: int, **trainer_kwargs):
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
+    callback = AutoCheckpoint(budget_gb=budget_bytes / GB)
+    batches = 2 * trainer_kwargs.get("accumulate_grad_batches", 1)
+    trainer = fast_trainer([callback, saver], max_steps=2, enable_checkpointing=True, **trainer_kwargs)
+    trainer.fit(_GPT(), train_dataloaders=loader((SHORT,) * batches, batch_size=1))
+    return next(tmp_path.glob("*step=2.ckpt"))
+
+
+@pytest.mark.parametrize("trainer_kwargs", [{}, {"accumulate_grad_batches": 2}], ids=["plain", "accumulate"])
+def test_training_at_the_advice_of_a_resumed_run_into_a_new_length_stays_within_it(tmp_path, trainer_kwargs):
+    accumulate = trainer_kwargs.get("accumulate_grad_batches", 1)
+    fresh_advice = _advice((LONG,) * accumulate, **trainer_kwargs)
+    short_advice = _advice((SHORT,) * accumulate, **trainer_kwargs)
+    assert short_advice < fresh_advice
+    later_advice = _advice((SHORT,) * accumulate + (LONG,) * accumulate, short_advice, **trainer_kwargs)
+    ckpt = _checkpoint_at_short_length(tmp_path, short_advice, **trainer_kwargs)
+    resumed_advice = _advice((LONG,) * 3 * accumulate, ckpt_path=ckpt, **trainer_kwargs)
+    assert fresh_advice == later_advice == resumed_advice
+
+    model, callback = _GPT(seed=1), AutoCheckpoint(budget_gb=resumed_advice / GB)
+    data = loader((LONG,) * 4 * accumulate, batch_size=1)
+    with memory_cap(resumed_advice, model=model) as cap:  # every step, the optimizer's included
+        restored = _CountRestoredState(cap)
+        trainer = fast_trainer([callback, restored], max_steps=4, **trainer_kwargs)
+        trainer.fit(model, train_dataloaders=data, ckpt_path=ckpt)
+    assert trainer.global_step == 4
+    assert restored.state_bytes > 0
+    assert callback.plan.predicted_peak_bytes <= resumed_advice
+    assert cap.peak_bytes >= 0.98 * callback.plan.predicted_peak_bytes  # the advice is not loose either
+
+
+def test_an_offline_plan_counts_the_optimizer_step_as_the_callback_does(tmp_path):
+    from test_offline import _yaml
+
+    from lightning_ckpt.lightning.fake_run import profile_run_on_fake_tensors
+    from lightning_ckpt.offline.data import first_batch
+    from lightning_ckpt.offline.run_config import load_run_config
+
+    run = load_run_config(_yaml(tmp_path))
+    offline = profile_run_on_fake_tensors(run, None, first_batch(run.data)).profile
+    callback = AutoCheckpoint(budget_gb=1000, cost="flops", measure=False)
+    fast_trainer([callback], max_steps=1).fit(run.model.instantiate(), datamodule=run.data.instantiate())
+    assert offline.optimizer_step_bytes == callback.profile.optimizer_step_bytes > 0
