@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -231,7 +233,7 @@ class AutoCheckpoint(Callback):
         if self._shapes is not None:  # every few steps under dynamic padding: debug, not info
             log.debug(
                 "AutoCheckpoint: the plan for %s (%d checkpointed)",
-                _shapes_text(shapes),
+                _text(shapes),
                 len(plan.checkpointed),
             )
         self._apply(pl_module, plan)
@@ -254,63 +256,53 @@ class AutoCheckpoint(Callback):
         key: BatchShapes | None,
     ) -> BatchShapes:
         """Plan a batch of ``shapes`` (or check the saved plan ``key`` covering them) before its step, and
-        return the shapes the plan in force is filed under: a family's top shapes when they fit, else the
-        batch's own."""
+        return the shapes the plan in force is filed under: a family's top when it fits, else the batch's."""
+        profile_at = functools.partial(self._profile, trainer, pl_module, batch, batch_idx)
         target = key if key is not None else family_top(shapes, self._book.plans)
-        if target in self._book.refused:
-            target = shapes
-        profile = self._profile(trainer, pl_module, batch, batch_idx, target)
+        target = shapes if target in self._book.refused else target
+        profile = profile_at(target)
         (failed,) = any_rank(trainer, profile is None)  # the step does not run at the top shapes
         if failed and target != shapes:
             self._book.refused.add(target)
-            target, profile = shapes, self._profile(trainer, pl_module, batch, batch_idx, shapes)
+            target, profile = shapes, profile_at(shapes)
         saved = self._book.plans.get(target) if target in self._book.unchecked else None
         problem = None if saved is None else saved_plan_problem(saved, profile, self.budget_bytes)
         (replan,) = any_rank(trainer, saved is None or problem is not None)
-        if not replan:
-            self._book.plans[target] = checked_plan(saved, profile)
-            rank_zero_info(
-                f"AutoCheckpoint: the saved plan for {_shapes_text(target)} holds on a fresh profile"
-            )
-        else:
+        if replan:
             if problem is not None:
                 rank_zero_info(
-                    f"AutoCheckpoint: the saved plan for {_shapes_text(target)} is not applied: {problem}; planning anew"
+                    f"AutoCheckpoint: the saved plan for {_text(target)} is not applied: {problem}; planning anew"
                 )
-            target, profile, plan = self._new_plan(
-                trainer, pl_module, batch, batch_idx, shapes, target, profile
-            )
-            self._book.plans[target] = plan
-            family = f" (for {_shapes_text(shapes)} and every batch it covers)" if target != shapes else ""
-            rank_zero_info(f"AutoCheckpoint plan for batch shapes {_shapes_text(target)}{family}:\n{plan}")
-        self._book.profiles[target] = profile
+            target, profile, plan = self._new_plan(trainer, profile_at, shapes, target, profile)
+            family = f" (for {_text(shapes)} and every batch it covers)" if target != shapes else ""
+            rank_zero_info(f"AutoCheckpoint plan for batch shapes {_text(target)}{family}:\n{plan}")
+        else:
+            plan = checked_plan(saved, profile)
+            rank_zero_info(f"AutoCheckpoint: the saved plan for {_text(target)} holds on a fresh profile")
+        self._book.plans[target], self._book.profiles[target] = plan, profile
         self._book.unchecked.discard(target)
         return target
 
     def _new_plan(
         self,
         trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
+        profile_at: Callable[[BatchShapes], StepProfile | None],
         shapes: BatchShapes,
         target: BatchShapes,
         profile: StepProfile,
     ) -> tuple[BatchShapes, StepProfile, CheckpointPlan]:
-        """The plan for ``target`` from its ``profile``; the batch's own ``shapes`` when the budget is too
-        small at a family's top shapes (a batch that fits is never refused for its family)."""
+        """The plan for ``target`` from its ``profile``; for the batch's own ``shapes`` when the budget is
+        too small at a family's top (a batch that fits is never refused for its family)."""
         try:
             plan = decide_plan(trainer, profile, self.config, target)
         except BudgetTooSmallError:
             (retry,) = any_rank(trainer, target != shapes)
             if not retry:
                 raise
-            rank_zero_info(
-                f"AutoCheckpoint: {_shapes_text(target)} does not fit; planning {_shapes_text(shapes)} alone"
-            )
+            rank_zero_info(f"AutoCheckpoint: {_text(target)} does not fit; planning {_text(shapes)} alone")
             if target != shapes:
                 self._book.refused.add(target)
-                target, profile = shapes, self._profile(trainer, pl_module, batch, batch_idx, shapes)
+                target, profile = shapes, profile_at(shapes)
             plan = decide_plan(trainer, profile, self.config, target)
         if not plan.checkpointed:
             headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / BYTES_PER_GB
@@ -330,11 +322,9 @@ class AutoCheckpoint(Callback):
     ) -> StepProfile | None:
         """The step's profile at ``shapes`` (the batch grown to them); ``None`` when it does not run on
         fake tensors at shapes other than the batch's own."""
-        candidates = self._candidates(pl_module)
+        candidates, cost = self._candidates(pl_module), self.config.cost
         try:
-            return profile_in_fit(
-                trainer, pl_module, batch, batch_idx, candidates, self.config.cost, pad_to=shapes
-            )
+            return profile_in_fit(trainer, pl_module, batch, batch_idx, candidates, cost, pad_to=shapes)
         except FamilyProfileError as error:
             log.info("AutoCheckpoint: %s; planning the batch's own shapes", error)
             return None
@@ -405,5 +395,5 @@ class AutoCheckpoint(Callback):
         return meter.stop()
 
 
-def _shapes_text(shapes: BatchShapes) -> str:
+def _text(shapes: BatchShapes) -> str:
     return ", ".join(str(shape) for shape, _ in shapes)

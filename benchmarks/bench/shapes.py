@@ -33,6 +33,7 @@ from lightning_ckpt import AutoCheckpoint
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
 from lightning_ckpt.planning.peak import PeakModel
+from lightning_ckpt.testing import memory_cap
 from lightning_ckpt.units import BYTES_PER_MB
 
 MODELS = ("llama", "gpt2", "gpt")
@@ -156,6 +157,18 @@ def auto_fit(make: Callable[[], L.LightningModule], batches: list, budget_gb: fl
     return result
 
 
+def capped_fit(make: Callable[[], L.LightningModule], batches: list, budget_bytes: int) -> str:
+    """The callback's fit again inside ``memory_cap(budget_bytes)``: did every step stay within it?"""
+    model = make()
+    trainer = _trainer([AutoCheckpoint(budget_gb=budget_bytes / 1e9)], len(batches))
+    try:
+        with memory_cap(budget_bytes, model=model) as cap:
+            trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
+    except torch.OutOfMemoryError as error:
+        return f"out of memory at step {trainer.global_step} ({error})"
+    return f"all {trainer.global_step} steps within it (peak {cap.peak_bytes / BYTES_PER_MB:.1f} MB)"
+
+
 def longest_profile(make: Callable[[], L.LightningModule], batches: list):
     """The callback's profile of the longest batch (an uncapped one-step probe)."""
     longest = max(batches, key=lambda b: next(iter(b.values() if isinstance(b, dict) else b)).shape[1])
@@ -202,6 +215,8 @@ def bench_model(kind: str, layers: int, args: argparse.Namespace) -> str:
             f"  {name:<16} {run.cpu_s:7.2f} {run.wall_s:7.2f} {run.cpu_s / none_cpu:7.2f} {run.cpu_s / hand_cpu:7.2f}"
         )
     auto = runs["auto"]
+    if args.cap:
+        lines.append(f"  auto under memory_cap(budget): {capped_fit(make, batches, budget_bytes)}")
     lines.append(
         f"  auto: {auto.profiles} profiles, {auto.profile_s:.2f} CPU s profiling ({auto.profile_s / auto.cpu_s:.0%}"
         f" of its CPU time), {len(auto.plans)} plans:"
@@ -244,6 +259,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1)")
+    parser.add_argument("--cap", action="store_true", help="also run the callback under memory_cap(budget)")
     parser.add_argument("--no-first-plan", action="store_true", help="skip the example GPT's first-plan cost")
     return parser
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,8 +87,8 @@ class PlanBook:
     would cover are planned at their own shapes (not saved)."""
 
     def key_for(self, shapes: BatchShapes) -> BatchShapes | None:
-        """The shapes of the plan for a batch of ``shapes``: its own, else the covering plan with the
-        smallest predicted peak; ``None`` when no plan covers them.
+        """The shapes of the plan for a batch of ``shapes``: its own, else the covering plan made for the
+        fewest elements (the closest family: the least checkpointed); ``None`` when no plan covers them.
 
         Example:
             >>> from lightning_ckpt.planning.plan import CheckpointPlan
@@ -99,7 +100,7 @@ class PlanBook:
         if shapes in self.plans:
             return shapes
         covering = [top for top in self.plans if covers(top, shapes)]
-        return min(covering, key=lambda top: self.plans[top].predicted_peak_bytes, default=None)
+        return min(covering, key=lambda top: sum(math.prod(shape) for shape, _ in top), default=None)
 
     def to_state(self) -> dict[str, Any]:
         """Plain data for a checkpoint: the plans by shapes, the shapes in force, the setting (not the
