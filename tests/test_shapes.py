@@ -129,3 +129,15 @@ def test_a_padded_llama_with_a_new_length_every_step_stays_within_the_budget(mon
     assert trainer.global_step == len(batches)
     assert [shapes[0][0] for shapes in callback.plans] == [(4, 21), (4, 64)], "21 exactly, then the top 64"
     assert len(calls) == 2 and callback.plans[(((4, 64), "torch.int64"),) * 2].checkpointed
+
+
+def test_lengths_16_to_256_growing_every_step_cost_at_most_five_profiles(monkeypatch):
+    """The worst case for the ladder: every batch longer than the last plan's top."""
+    calls = _counted_profiles(monkeypatch)
+    callback = AutoCheckpoint(budget_gb=1000, measure=False)
+    lengths = (16, 17, 33, 65, 129, 200, 256, 100, 40)
+    fast_trainer([callback], max_steps=len(lengths)).fit(
+        tiny_gpt(block_size=256, n_layer=2), train_dataloaders=loader(lengths, batch_size=2)
+    )
+    assert [shapes[0][0][1] for shapes in callback.plans] == [16, 32, 64, 128, 256]
+    assert len(calls) == 5
