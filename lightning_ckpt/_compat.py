@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import (  # torch 2.4-2.13 (the last two: wrap
     is_traceable_wrapper_subclass,
     is_traceable_wrapper_subclass_type,
 )
-from torch.utils._pytree import tree_leaves, tree_map_only  # torch 2.4-2.13
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only, tree_unflatten  # torch 2.4-2.13
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator  # torch 2.4-2.13
 
 __all__ = [
@@ -55,8 +55,10 @@ __all__ = [
     "set_rng_states",
     "storage_key",
     "strategy_checkpointing_kwargs",
+    "tree_flatten",
     "tree_leaves",
     "tree_map_only",
+    "tree_unflatten",
 ]
 
 NormBase = _NormBase

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -28,9 +30,18 @@ from lightning_ckpt.lightning.checks import (
     explain_recompute_error,
     take_over_model,
 )
-from lightning_ckpt.lightning.plan_book import PlanBook, book_for_fit, model_signature, replanned, run_setting
-from lightning_ckpt.lightning.profile import BatchShapes, batch_shapes, profile_in_fit
+from lightning_ckpt.lightning.plan_book import (
+    PlanBook,
+    book_for_fit,
+    checked_plan,
+    model_signature,
+    replanned,
+    run_setting,
+    saved_plan_problem,
+)
+from lightning_ckpt.lightning.profile import FamilyProfileError, profile_in_fit
 from lightning_ckpt.lightning.ranks import any_rank, decide_plan, log_metrics, max_over_ranks
+from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, family_top
 from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.planning.plan import CheckpointPlan
 from lightning_ckpt.solver.validate import Method
@@ -42,15 +53,18 @@ log = logging.getLogger(__name__)
 class AutoCheckpoint(Callback):
     """Checkpoint the modules that let training fit ``budget_gb`` per device at the least recompute cost.
 
-    Before the first training batch, and before every batch whose tensor shapes it has not planned for
-    (a longer sequence, a larger batch, the first batch after a resume), it profiles every candidate module
-    (activation memory kept for backward on fake tensors, recompute time from forwards that keep nothing),
-    solves the keep-or-checkpoint choice exactly as a 0/1 knapsack, wraps the chosen modules with
-    non-reentrant checkpointing, and trains on; nothing of that goes over the budget (except a step that
-    cannot run on fake tensors, or an FSDP module that cannot be rebuilt from its saved hyperparameters: then
-    that one profiling step runs unchecked, with a warning). Plans are
-    kept per batch shape, so a shape seen before costs nothing. After the first step with a new plan it
-    measures the real peak and, if it is over the budget, re-plans once with the overshoot subtracted.
+    Before the first training batch, and before every batch no plan covers (a longer sequence, a larger
+    batch), it profiles every candidate module (activation memory kept for backward on fake tensors,
+    recompute time from forwards that keep nothing), solves the keep-or-checkpoint choice exactly as a 0/1
+    knapsack, wraps the chosen modules with non-reentrant checkpointing, and trains on; nothing of that goes
+    over the budget (except a step that cannot run on fake tensors, or an FSDP module that cannot be rebuilt
+    from its saved hyperparameters: then that one profiling step runs unchecked, with a warning). A plan
+    covers every batch of the same tensors with no size larger, and a batch nothing covers is planned at its
+    family's top shapes (the sizes that vary rounded up to a power of two, see
+    :mod:`lightning_ckpt.lightning.shapes`), so dynamic padding costs a few plans, not one per length. A plan
+    restored from a checkpoint is checked on a fresh profile before its first step and made anew if it no
+    longer holds. After the first step with a new plan it measures the real peak and, if it is over the
+    budget, re-plans once with the overshoot subtracted.
 
     Args:
         budget_gb: peak memory (GB = 1e9 bytes) one device may use for training: parameters, gradients,
@@ -114,7 +128,8 @@ class AutoCheckpoint(Callback):
 
     @property
     def plans(self) -> dict[BatchShapes, CheckpointPlan]:
-        """Every plan of this fit, by the batch shapes (shape and dtype of each tensor) it was made for."""
+        """Every plan of this fit, by the batch shapes (shape and dtype of each tensor) it was made for:
+        a batch's own, or the top shapes of a family, covering every smaller batch of the same tensors."""
         return dict(self._book.plans)
 
     @property
@@ -136,18 +151,16 @@ class AutoCheckpoint(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         shapes = batch_shapes(batch)
+        key = self._book.key_for(shapes)  # its own shapes, or a family's top shapes that cover them
         # Planning and measuring are collective: every rank does them at the same step, or none does.
-        new_shapes, measure = any_rank(
-            trainer, shapes not in self._book.plans, self._wants_measure(trainer, shapes)
+        plan_now, measure = any_rank(
+            trainer, key is None or key in self._book.unchecked, self._wants_measure(trainer, key)
         )
-        if new_shapes:
-            self._book.plans[shapes] = self._new_plan(trainer, pl_module, batch, batch_idx, shapes)
-            rank_zero_info(
-                f"AutoCheckpoint plan for batch shapes {_shapes_text(shapes)}:\n{self.plans[shapes]}"
-            )
+        if plan_now:
+            key = self._plan_for(trainer, pl_module, batch, batch_idx, shapes, key)
             self._shapes = None  # (re-)apply it below
-        if shapes != self._shapes:
-            self._switch_plan(trainer, pl_module, shapes)
+        if key != self._shapes:
+            self._switch_plan(trainer, pl_module, key)
         if measure:
             self._start_measuring(trainer)
 
@@ -218,37 +231,87 @@ class AutoCheckpoint(Callback):
     def _switch_plan(self, trainer: pl.Trainer, pl_module: pl.LightningModule, shapes: BatchShapes) -> None:
         """Apply the plan made for ``shapes``."""
         plan = self._book.plans[shapes]
-        if self._shapes is not None:
-            rank_zero_info(
-                f"AutoCheckpoint: batch shapes {_shapes_text(shapes)}: their plan ({len(plan.checkpointed)} checkpointed)"
+        if self._shapes is not None:  # every few steps under dynamic padding: debug, not info
+            log.debug(
+                "AutoCheckpoint: the plan for %s (%d checkpointed)",
+                _text(shapes),
+                len(plan.checkpointed),
             )
         self._apply(pl_module, plan)
         self._shapes = self._book.current = shapes
         log_metrics(trainer, plan)
 
-    def _wants_measure(self, trainer: pl.Trainer, shapes: BatchShapes) -> bool:
+    def _wants_measure(self, trainer: pl.Trainer, shapes: BatchShapes | None) -> bool:
         """Measure a plan's first step, except the first step of a fit (no gradients or optimizer state yet)."""
-        plan = self._book.plans.get(shapes)
+        plan = None if shapes is None else self._book.plans.get(shapes)
         unmeasured = plan is None or plan.measured_peak_bytes is None
         return self.config.measure and unmeasured and self._steps_this_fit > 0 and trainer.global_step > 0
 
-    def _new_plan(
+    def _plan_for(
         self,
         trainer: pl.Trainer,
         pl_module: pl.LightningModule,
         batch: Any,
         batch_idx: int,
         shapes: BatchShapes,
-    ) -> CheckpointPlan:
-        profile = self._profile(trainer, pl_module, batch, batch_idx, shapes)
-        plan = decide_plan(trainer, profile, self.config, shapes)
+        key: BatchShapes | None,
+    ) -> BatchShapes:
+        """Plan a batch of ``shapes`` (or check the saved plan ``key`` covering them) before its step, and
+        return the shapes the plan in force is filed under: a family's top when it fits, else the batch's."""
+        profile_at = functools.partial(self._profile, trainer, pl_module, batch, batch_idx)
+        target = key if key is not None else family_top(shapes, self._book.plans)
+        target = shapes if target in self._book.refused else target
+        profile = profile_at(target)
+        (failed,) = any_rank(trainer, profile is None)  # the step does not run at the top shapes
+        if failed and target != shapes:
+            self._book.refused.add(target)
+            target, profile = shapes, profile_at(shapes)
+        saved = self._book.plans.get(target) if target in self._book.unchecked else None
+        problem = None if saved is None else saved_plan_problem(saved, profile, self.budget_bytes)
+        (replan,) = any_rank(trainer, saved is None or problem is not None)
+        if replan:
+            if problem is not None:
+                rank_zero_info(
+                    f"AutoCheckpoint: the saved plan for {_text(target)} is not applied: {problem}; planning anew"
+                )
+            target, profile, plan = self._new_plan(trainer, profile_at, shapes, target, profile)
+            family = f" (for {_text(shapes)} and every batch it covers)" if target != shapes else ""
+            rank_zero_info(f"AutoCheckpoint plan for batch shapes {_text(target)}{family}:\n{plan}")
+        else:
+            plan = checked_plan(saved, profile)
+            rank_zero_info(f"AutoCheckpoint: the saved plan for {_text(target)} holds on a fresh profile")
+        self._book.plans[target], self._book.profiles[target] = plan, profile
+        self._book.unchecked.discard(target)
+        return target
+
+    def _new_plan(
+        self,
+        trainer: pl.Trainer,
+        profile_at: Callable[[BatchShapes], StepProfile | None],
+        shapes: BatchShapes,
+        target: BatchShapes,
+        profile: StepProfile,
+    ) -> tuple[BatchShapes, StepProfile, CheckpointPlan]:
+        """The plan for ``target`` from its ``profile``; for the batch's own ``shapes`` when the budget is
+        too small at a family's top (a batch that fits is never refused for its family)."""
+        try:
+            plan = decide_plan(trainer, profile, self.config, target)
+        except BudgetTooSmallError:
+            (retry,) = any_rank(trainer, target != shapes)
+            if not retry:
+                raise
+            rank_zero_info(f"AutoCheckpoint: {_text(target)} does not fit; planning {_text(shapes)} alone")
+            if target != shapes:
+                self._book.refused.add(target)
+                target, profile = shapes, profile_at(shapes)
+            plan = decide_plan(trainer, profile, self.config, target)
         if not plan.checkpointed:
             headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / BYTES_PER_GB
             rank_zero_info(
                 f"AutoCheckpoint: everything fits in {self.budget_gb:g} GB without checkpointing"
                 f" ({headroom_gb:.4f} GB headroom predicted)"
             )
-        return plan
+        return target, profile, plan
 
     def _profile(
         self,
@@ -257,11 +320,15 @@ class AutoCheckpoint(Callback):
         batch: Any,
         batch_idx: int,
         shapes: BatchShapes,
-    ) -> StepProfile:
-        candidates = self._candidates(pl_module)
-        profile = profile_in_fit(trainer, pl_module, batch, batch_idx, candidates, self.config.cost)
-        self._book.profiles[shapes] = profile
-        return profile
+    ) -> StepProfile | None:
+        """The step's profile at ``shapes`` (the batch grown to them); ``None`` when it does not run on
+        fake tensors at shapes other than the batch's own."""
+        candidates, cost = self._candidates(pl_module), self.config.cost
+        try:
+            return profile_in_fit(trainer, pl_module, batch, batch_idx, candidates, cost, pad_to=shapes)
+        except FamilyProfileError as error:
+            log.info("AutoCheckpoint: %s; planning the batch's own shapes", error)
+            return None
 
     def _candidates(self, pl_module: pl.LightningModule) -> list[str]:
         """The modules this callback may checkpoint (not those torch's checkpointing covers already)."""
@@ -292,12 +359,17 @@ class AutoCheckpoint(Callback):
             " re-planning once with the overshoot subtracted"
         )
         shapes, current = self._shapes, self.plan
-        (missing,) = any_rank(trainer, shapes not in self._book.profiles)  # e.g. after a resume
+        (missing,) = any_rank(trainer, shapes not in self._book.profiles)  # profiled in another fit
         profile = (
             self._profile(trainer, pl_module, batch, batch_idx, shapes)
             if missing
             else self._book.profiles[shapes]
         )
+        if profile is None:  # the family's top shapes no longer run on fake tensors
+            rank_zero_warn(
+                "AutoCheckpoint: cannot profile again at the plan's shapes; keeping the current plan"
+            )
+            return
         try:
             plan = decide_plan(
                 trainer, profile, self.config, shapes, max(self.budget_bytes - overshoot_bytes, 0)
@@ -324,5 +396,5 @@ class AutoCheckpoint(Callback):
         return meter.stop()
 
 
-def _shapes_text(shapes: BatchShapes) -> str:
+def _text(shapes: BatchShapes) -> str:
     return ", ".join(str(shape) for shape, _ in shapes)

@@ -304,7 +304,8 @@ def test_a_resume_with_another_setting_plans_anew(tmp_path):
     fast_trainer([other], max_steps=3, accumulate_grad_batches=2).fit(
         tiny_gpt(), train_dataloaders=loader((32,) * 8), ckpt_path=ckpt
     )
-    assert same.profile is None, "the same setting re-applies the saved plan without profiling"
+    assert same.profile is not None, "the saved plan is checked on a fresh profile before its first step"
+    assert same.plan == first.plan, "the same setting keeps the saved plan (checked, not solved again)"
     assert other.profile is not None and other.profile.zero_grad == "never", "another setting plans anew"
 
 

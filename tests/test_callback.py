@@ -155,7 +155,7 @@ def test_state_dict_round_trip_and_state_key():
     assert "1000" in callback.state_key and AutoCheckpoint(budget_gb=8).state_key != callback.state_key
 
 
-def test_resume_reapplies_plan_without_profiling_and_matches_uninterrupted(tmp_path, monkeypatch):
+def test_resume_checks_the_saved_plan_once_keeps_it_and_matches_uninterrupted(tmp_path, monkeypatch):
     _, high_bytes, profile = _profile_bounds(tiny_gpt())
     budget_gb = (fixed_peak_bytes(profile) + high_bytes) / 2 / GB
     # Lightning restores neither the global RNG nor a plain DataLoader's position: no dropout, and the
@@ -172,14 +172,23 @@ def test_resume_reapplies_plan_without_profiling_and_matches_uninterrupted(tmp_p
     trainer.fit(tiny_gpt(seed=5, dropout=0.0), train_dataloaders=loader)
     ckpt = next(tmp_path.glob("*step=3.ckpt"))
 
-    def no_profiling(*args, **kwargs):
-        raise AssertionError("a resumed run must not profile again")
-
-    monkeypatch.setattr(callback_module, "profile_in_fit", no_profiling)
+    profiles, solves = [], []
+    real_profile, real_decide = callback_module.profile_in_fit, callback_module.decide_plan
+    monkeypatch.setattr(
+        callback_module, "profile_in_fit", lambda *a, **k: profiles.append(1) or real_profile(*a, **k)
+    )
+    monkeypatch.setattr(
+        callback_module, "decide_plan", lambda *a, **k: solves.append(1) or real_decide(*a, **k)
+    )
     resumed_model, second = tiny_gpt(seed=99, dropout=0.0), AutoCheckpoint(budget_gb=budget_gb)
     trainer = fast_trainer([second], max_steps=6)
     trainer.fit(resumed_model, train_dataloaders=loader, ckpt_path=ckpt)
+    assert (len(profiles), len(solves)) == (1, 0), (
+        "one fresh profile checks the saved plan; nothing is solved"
+    )
     assert second.plan.checkpointed == first.plan.checkpointed
+    assert second.plan.predicted_peak_bytes == first.plan.predicted_peak_bytes
+    assert second.plan.measured_peak_bytes is not None, "measured again on a resumed step"
     for (name, p_full), (_, p_resumed) in zip(
         full.named_parameters(), resumed_model.named_parameters(), strict=True
     ):

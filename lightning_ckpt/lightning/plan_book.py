@@ -1,10 +1,11 @@
-"""The saved-plans book: the plans of a fit by batch shape, what they were made for, and whether a
-resumed fit may use them.
+"""The saved-plans book: the plans of a fit by batch shape (or by the top shapes of a family, see
+:mod:`lightning_ckpt.lightning.shapes`), what they were made for, and whether a resumed fit may use them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,11 +15,21 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.lightning.profile import BatchShapes
 from lightning_ckpt.lightning.ranks import any_rank
+from lightning_ckpt.lightning.shapes import BatchShapes, covers
+from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan
+from lightning_ckpt.units import BYTES_PER_GB, BYTES_PER_MB
 
-__all__ = ["PlanBook", "book_for_fit", "model_signature", "replanned", "run_setting"]
+__all__ = [
+    "PlanBook",
+    "book_for_fit",
+    "checked_plan",
+    "model_signature",
+    "replanned",
+    "run_setting",
+    "saved_plan_problem",
+]
 
 
 def run_setting(trainer: pl.Trainer, config: AutoCheckpointConfig) -> dict[str, Any]:
@@ -69,6 +80,27 @@ class PlanBook:
     current: BatchShapes | None = None
     """The batch shapes whose plan was applied last (kept after the fit, for ``AutoCheckpoint.plan``)."""
     setting: dict[str, Any] | None = None
+    unchecked: set[BatchShapes] = field(default_factory=set)
+    """Shapes whose plan came from a checkpoint and has not been checked against a fresh profile yet."""
+    refused: set[BatchShapes] = field(default_factory=set)
+    """Family top shapes that did not fit the budget or did not run on fake tensors: the batches they
+    would cover are planned at their own shapes (not saved)."""
+
+    def key_for(self, shapes: BatchShapes) -> BatchShapes | None:
+        """The shapes of the plan for a batch of ``shapes``: its own, else the covering plan made for the
+        fewest elements (the closest family: the least checkpointed); ``None`` when no plan covers them.
+
+        Example:
+            >>> from lightning_ckpt.planning.plan import CheckpointPlan
+            >>> plan = CheckpointPlan((), (), (), 0, 10, 5, 0.0, "all-fit", 0.0)
+            >>> book = PlanBook(plans={(((8, 256), "torch.int64"),): plan})
+            >>> book.key_for((((8, 100), "torch.int64"),)), book.key_for((((8, 300), "torch.int64"),))
+            ((((8, 256), 'torch.int64'),), None)
+        """
+        if shapes in self.plans:
+            return shapes
+        covering = [top for top in self.plans if covers(top, shapes)]
+        return min(covering, key=lambda top: sum(math.prod(shape) for shape, _ in top), default=None)
 
     def to_state(self) -> dict[str, Any]:
         """Plain data for a checkpoint: the plans by shapes, the shapes in force, the setting (not the
@@ -98,12 +130,45 @@ class PlanBook:
             raise ValueError("the saved `current_shapes` have no saved plan")
         if setting is not None and not isinstance(setting, dict):
             raise ValueError(f"the saved `setting` must be a dict, got {type(setting).__name__}")
-        return cls(plans, current=current, setting=setting)
+        # Field validation of each plan (signs, finite numbers, within its budget) belongs here too, once
+        # `check_plan_data` (lightning_ckpt/planning/) exists; the fresh-profile check covers the rest.
+        return cls(plans, current=current, setting=setting, unchecked=set(plans))
 
     def non_candidates(self, candidates: list[str]) -> list[str]:
         """Names in the plans that are not among ``candidates`` (a damaged or foreign plan)."""
         named = {name for plan in self.plans.values() for name in (*plan.checkpointed, *plan.kept)}
         return sorted(named - set(candidates))
+
+
+def saved_plan_problem(plan: CheckpointPlan, profile: StepProfile, budget_bytes: int) -> str | None:
+    """Why a saved ``plan`` must not be applied to a step of ``profile`` (a fresh profile at the plan's
+    shapes), or ``None`` when it holds: the same candidates with the same activations, and a predicted
+    peak within ``budget_bytes``."""
+    modules = {m.name: m for m in profile.modules}
+    items = {item.name: item for item in plan.items}
+    if modules.keys() != items.keys():
+        return "its candidates are not the model's"
+    for name, item in items.items():
+        fresh = modules[name]
+        if (item.activation_bytes, item.input_bytes) != (fresh.activation_bytes, fresh.input_bytes):
+            return (
+                f"the activations differ from what it was made for ({name}: {item.activation_bytes / BYTES_PER_MB:.2f}"
+                f" MB saved, {fresh.activation_bytes / BYTES_PER_MB:.2f} MB now)"
+            )
+    peak_bytes = PeakModel(profile).peak_bytes(plan.checkpointed)
+    if peak_bytes > budget_bytes:
+        return (
+            f"a fresh profile predicts {peak_bytes / BYTES_PER_GB:.4f} GB for it, over the budget of"
+            f" {budget_bytes / BYTES_PER_GB:.4f} GB"
+        )
+    return None
+
+
+def checked_plan(plan: CheckpointPlan, profile: StepProfile) -> CheckpointPlan:
+    """A saved plan that held against ``profile``: its predicted peak from that profile, and its peak
+    not measured yet in this fit (the first measured step measures it, with the re-plan rule)."""
+    peak_bytes = PeakModel(profile).peak_bytes(plan.checkpointed)
+    return dataclasses.replace(plan, predicted_peak_bytes=int(peak_bytes), measured_peak_bytes=None)
 
 
 def book_for_fit(

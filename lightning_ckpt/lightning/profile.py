@@ -30,7 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_ckpt._compat import collect_rng_states, set_rng_states, tree_leaves
+from lightning_ckpt._compat import collect_rng_states, set_rng_states
 from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
 from lightning_ckpt.core.fsdp2 import is_fsdp2, iteration_state_reset
 from lightning_ckpt.core.hf_models import unpacked_positions_on_fake_tensors
@@ -40,6 +40,7 @@ from lightning_ckpt.core.profiler import profile_step, time_forwards
 from lightning_ckpt.core.wrapping import checkpointing_removed
 from lightning_ckpt.lightning.fsdp2_twin import fsdp2_twin_profile
 from lightning_ckpt.lightning.fsdp_twin import fsdp_twin_profile
+from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, pad_batch
 from lightning_ckpt.lightning.step import (
     PrecisionOnlyTrainer,
     no_gradient_sync,
@@ -47,20 +48,12 @@ from lightning_ckpt.lightning.step import (
     untouched_training_state,
 )
 
-__all__ = ["BatchShapes", "batch_shapes", "profile_in_fit"]
-
-BatchShapes = tuple[tuple[tuple[int, ...], str], ...]
-"""The shape and dtype of every tensor of a batch, in ``tree_leaves`` order: what a plan depends on."""
+__all__ = ["BatchShapes", "FamilyProfileError", "batch_shapes", "profile_in_fit"]
 
 
-def batch_shapes(batch: Any) -> BatchShapes:
-    """The shapes and dtypes of the batch's tensors (non-tensors are ignored).
-
-    Example:
-        >>> batch_shapes({"ids": torch.zeros(2, 8, dtype=torch.long), "meta": "x"})
-        (((2, 8), 'torch.int64'),)
-    """
-    return tuple((tuple(t.shape), str(t.dtype)) for t in tree_leaves(batch) if isinstance(t, torch.Tensor))
+class FamilyProfileError(RuntimeError):
+    """The step does not run on fake tensors at a family's top shapes (e.g. past the model's positions):
+    plan the batch's own shapes instead."""
 
 
 def profile_in_fit(
@@ -70,18 +63,31 @@ def profile_in_fit(
     batch_idx: int,
     candidates: Sequence[str],
     cost: Cost,
+    pad_to: BatchShapes | None = None,
 ) -> StepProfile:
     """The step's profile for ``batch``: memory on fake tensors, time from no-grad forwards (see above).
 
+    With ``pad_to`` (shapes covering the batch's, see :mod:`lightning_ckpt.lightning.shapes`) the memory
+    half runs on the batch grown to those shapes (fake: nothing allocated); the times are the batch's own.
     Leaves no trace on training: gradients, buffers, RNG streams and logged metrics are as before.
+
+    Raises:
+        FamilyProfileError: when the step does not run on fake tensors at ``pad_to`` (no real fallback
+            there: the caller profiles the batch's own shapes).
     """
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
+    padded = pad_to is not None and pad_to != batch_shapes(batch)
     with checkpointing_removed(pl_module), iteration_state_reset(pl_module):
         if is_fsdp2(pl_module) or _is_fsdp(trainer):
             twin = fsdp2_twin_profile if is_fsdp2(pl_module) else fsdp_twin_profile
-            profile = _twin_profile(twin(trainer, pl_module, batch, candidates), pl_module, optimizer)
+            twin_batch = pad_batch(batch, pad_to) if padded else batch
+            profile = _twin_profile(twin(trainer, pl_module, twin_batch, candidates), pl_module, optimizer)
         else:
-            profile = _fake_profile(trainer, pl_module, batch, candidates, optimizer)
+            profile = _fake_profile(
+                trainer, pl_module, batch, candidates, optimizer, pad_to if padded else None
+            )
+        if profile is None and padded:
+            raise FamilyProfileError(f"the step does not run on fake tensors at {pad_to}")
         if profile is None:
             return _with_strategy_memory(
                 _real_profile(trainer, pl_module, batch, batch_idx, candidates, cost, optimizer), trainer
@@ -92,19 +98,29 @@ def profile_in_fit(
 
 
 def _fake_profile(
-    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, candidates: Sequence[str], optimizer: Any
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    candidates: Sequence[str],
+    optimizer: Any,
+    pad_to: BatchShapes | None = None,
 ) -> StepProfile | None:
-    """The memory profile on fake tensors, or None (with a warning) when the step cannot run on them."""
+    """The memory profile on fake tensors (the batch grown to ``pad_to`` if given), or None when the
+    step cannot run on them (with a warning, unless it is the padded profile of a family)."""
     plugin = trainer.precision_plugin
     try:
         with _rng_untouched(), fake_model(pl_module) as fake, unpacked_positions_on_fake_tensors(batch):
             fake_batch = fake.fake(batch)
+            if pad_to is not None:
+                fake_batch = pad_batch(fake_batch, pad_to)
             step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), pl_module, fake_batch, 0)
             profile = profile_step(
                 pl_module, step_fn, candidates, "flops", optimizer=optimizer, batch=fake_batch
             )
             optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)  # the twins already made
     except Exception as error:  # data-dependent ops, .item(), kernels without a fake implementation
+        if pad_to is not None:
+            return None  # the caller plans the batch's own shapes, which may still run on fake tensors
         warnings.warn(  # on every rank: the ranks that fall back are the ones that may go over
             f"AutoCheckpoint: the training step does not run on fake tensors ({type(error).__name__}: {error});"
             " profiling it on real tensors instead, so this profiling step is not held to `budget_gb`",

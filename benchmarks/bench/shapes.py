@@ -1,0 +1,280 @@
+"""``python -m benchmarks.bench.shapes``: dynamic padding, side by side in one run.
+
+Each batch is padded to its own longest sequence (``DataCollatorWithPadding`` style): a new length
+almost every step. On the same batches it trains, from the same weights:
+
+- ``none``: no checkpointing (what the budget is too small for, when it is);
+- ``all``: every block checkpointed by hand;
+- ``hand``: the fastest hand policy that fits every shape: the first k blocks checkpointed, k the
+  smallest whose predicted peak at the longest batch is within the budget;
+- ``auto``: AutoCheckpoint with the budget, one plan per family of shapes.
+
+It prints each run's CPU and wall time, the ratios against ``none`` and ``hand``, and for ``auto`` the
+profiles and plans it made and the time it spent planning. Models: transformers Llama and GPT-2 from tiny
+configs (random weights, nothing downloaded) and the example GPT. A command, not a test: no time is
+asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+import lightning_ckpt.callback as callback_module
+from lightning_ckpt import AutoCheckpoint
+from lightning_ckpt.core.candidates import find_candidates
+from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
+from lightning_ckpt.planning.peak import PeakModel
+from lightning_ckpt.testing import memory_cap
+from lightning_ckpt.units import BYTES_PER_MB
+
+MODELS = ("llama", "gpt2", "gpt")
+
+
+@dataclass
+class RunResult:
+    name: str
+    cpu_s: float
+    wall_s: float
+    profiles: int = 0
+    profile_s: float = 0.0
+    plans: list[str] = field(default_factory=list)
+
+
+def build_model(kind: str, layers: int, max_length: int) -> L.LightningModule:
+    """A tiny ``kind`` model (seeded): transformers Llama or GPT-2 (``examples.hf_lm``) or the example GPT."""
+    torch.manual_seed(0)
+    if kind == "gpt":
+        from examples.gpt import GPT
+
+        return GPT(block_size=max_length, n_layer=layers, n_head=4, n_embd=64, dropout=0.0)
+    from examples.hf_lm import HFCausalLM
+
+    sizes = {"vocab_size": 256, "num_attention_heads": 4, "use_cache": False}
+    if kind == "llama":
+        sizes |= {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers}
+        return HFCausalLM("llama", sizes | {"num_key_value_heads": 2})
+    sizes |= {"n_embd": 64, "n_layer": layers, "n_positions": max_length}
+    return HFCausalLM("gpt2", sizes)
+
+
+def padded_batches(kind: str, steps: int, batch_size: int, lengths: tuple[int, int], seed: int) -> list:
+    """``steps`` batches, each padded to its own longest row: that length uniform in ``lengths``, the
+    other rows between the shortest length and it (padding masked, and left out of the loss)."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(steps):
+        longest = int(torch.randint(lengths[0], lengths[1] + 1, (), generator=generator))
+        rows = torch.randint(lengths[0], longest + 1, (batch_size, 1), generator=generator)
+        rows[0] = longest
+        ids = torch.randint(1, 256, (batch_size, longest + 1), generator=generator)
+        mask = (torch.arange(longest + 1) < rows + 1).long()
+        ids = ids * mask
+        if kind == "gpt":
+            batches.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
+        else:
+            ids, mask = ids[:, :-1].contiguous(), mask[:, :-1].contiguous()
+            labels = ids.masked_fill(mask == 0, -100)
+            batches.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    return batches
+
+
+def _trainer(callbacks: list, steps: int) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=callbacks,
+    )
+
+
+@contextlib.contextmanager
+def counted_profiles() -> Iterator[list[float]]:
+    """The CPU seconds of each profile the callback makes inside the block."""
+    spent: list[float] = []
+    real = callback_module.profile_in_fit
+
+    def counted(*args, **kwargs):
+        start = time.process_time()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent.append(time.process_time() - start)
+
+    callback_module.profile_in_fit = counted
+    try:
+        yield spent
+    finally:
+        callback_module.profile_in_fit = real
+
+
+def timed_fit(
+    make: Callable[[], L.LightningModule], batches: list, checkpointed: list[str] | None, callbacks: list
+) -> RunResult:
+    """One fit over ``batches`` with ``checkpointed`` wrapped by hand (or ``callbacks``): its CPU and wall time."""
+    model = make()
+    if checkpointed:
+        apply_checkpointing(model, checkpointed)
+    L.seed_everything(0, verbose=False)
+    trainer = _trainer(callbacks, len(batches))
+    cpu, wall = time.process_time(), time.perf_counter()
+    trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
+    result = RunResult("", time.process_time() - cpu, time.perf_counter() - wall)
+    remove_checkpointing(model)
+    return result
+
+
+def auto_fit(make: Callable[[], L.LightningModule], batches: list, budget_gb: float) -> RunResult:
+    """The callback's fit, with its profiles counted and timed."""
+    callback = AutoCheckpoint(budget_gb=budget_gb)
+    with counted_profiles() as spent:
+        result = timed_fit(make, batches, None, [callback])
+    result.profiles, result.profile_s = len(spent), sum(spent)
+    result.plans = [
+        f"{shapes[0][0]}: {len(plan.checkpointed)} of {len(plan.items)} checkpointed,"
+        f" predicted {plan.predicted_peak_bytes / BYTES_PER_MB:.1f} MB"
+        + (
+            ""
+            if plan.measured_peak_bytes is None
+            else f", measured {plan.measured_peak_bytes / BYTES_PER_MB:.1f} MB"
+        )
+        for shapes, plan in callback.plans.items()
+    ]
+    return result
+
+
+def capped_fit(make: Callable[[], L.LightningModule], batches: list, budget_bytes: int) -> str:
+    """The callback's fit again inside ``memory_cap(budget_bytes)``: did every step stay within it?"""
+    model = make()
+    trainer = _trainer([AutoCheckpoint(budget_gb=budget_bytes / 1e9)], len(batches))
+    try:
+        with memory_cap(budget_bytes, model=model) as cap:
+            trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
+    except torch.OutOfMemoryError as error:
+        return f"out of memory at step {trainer.global_step} ({error})"
+    return f"all {trainer.global_step} steps within it (peak {cap.peak_bytes / BYTES_PER_MB:.1f} MB)"
+
+
+def longest_profile(make: Callable[[], L.LightningModule], batches: list):
+    """The callback's profile of the longest batch (an uncapped one-step probe)."""
+    longest = max(batches, key=lambda b: next(iter(b.values() if isinstance(b, dict) else b)).shape[1])
+    probe = AutoCheckpoint(budget_gb=1000, measure=False)
+    _trainer([probe], 1).fit(make(), train_dataloaders=DataLoader([longest], batch_size=None))
+    return probe.profile
+
+
+def hand_policy(profile, budget_bytes: int) -> list[str]:
+    """The first k blocks, k the smallest whose predicted peak fits ``budget_bytes``."""
+    names = [m.name for m in profile.modules]
+    peak = PeakModel(profile)
+    return next(
+        (names[:k] for k in range(len(names) + 1) if peak.peak_bytes(names[:k]) <= budget_bytes), names
+    )
+
+
+def bench_model(kind: str, layers: int, args: argparse.Namespace) -> str:
+    make = lambda: build_model(kind, layers, args.max_length)  # noqa: E731
+    batches = padded_batches(kind, args.steps, args.batch_size, (args.min_length, args.max_length), args.seed)
+    profile = longest_profile(make, batches)
+    peak = PeakModel(profile)
+    names = [m.name for m in profile.modules]
+    lowest, highest = peak.peak_bytes(names), peak.peak_bytes([])
+    budget_bytes = int(lowest + args.where * (highest - lowest))
+    hand = hand_policy(profile, budget_bytes)
+    names = find_candidates(make(), None)
+    runs = {
+        "none": timed_fit(make, batches, None, []),
+        "all": timed_fit(make, batches, names, []),
+        f"hand ({len(hand)} of {len(names)})": timed_fit(make, batches, hand, []),
+        "auto": auto_fit(make, batches, budget_bytes / 1e9),
+    }
+    none_cpu, hand_cpu = runs["none"].cpu_s, list(runs.values())[2].cpu_s
+    lengths = sorted({next(iter(b.values() if isinstance(b, dict) else b)).shape[1] for b in batches})
+    lines = [
+        f"{kind}, {layers} layers: {args.steps} steps of {args.batch_size} rows, {len(lengths)} lengths"
+        f" {lengths[0]}-{lengths[-1]}; budget {budget_bytes / BYTES_PER_MB:.1f} MB (all checkpointed"
+        f" {lowest / BYTES_PER_MB:.1f}, none {highest / BYTES_PER_MB:.1f} at the longest batch)",
+        f"  {'run':<16} {'cpu s':>7} {'wall s':>7} {'/ none':>7} {'/ hand':>7}",
+    ]
+    for name, run in runs.items():
+        lines.append(
+            f"  {name:<16} {run.cpu_s:7.2f} {run.wall_s:7.2f} {run.cpu_s / none_cpu:7.2f} {run.cpu_s / hand_cpu:7.2f}"
+        )
+    auto = runs["auto"]
+    if args.cap:
+        lines.append(f"  auto under memory_cap(budget): {capped_fit(make, batches, budget_bytes)}")
+    lines.append(
+        f"  auto: {auto.profiles} profiles, {auto.profile_s:.2f} CPU s profiling ({auto.profile_s / auto.cpu_s:.0%}"
+        f" of its CPU time), {len(auto.plans)} plans:"
+    )
+    lines += [f"    {plan}" for plan in auto.plans]
+    return "\n".join(lines)
+
+
+def first_plan_cost(args: argparse.Namespace) -> str:
+    """The example GPT of configs/gpt-cpu.yaml (8 blocks, width 128, 16 x 128 tokens): the first plan's
+    profile against the mean step of a fit without the callback (CPU time)."""
+    from examples.gpt import GPT
+
+    torch.manual_seed(0)
+    batches = padded_batches("gpt", 10, 16, (128, 128), args.seed)
+    make = lambda: GPT(block_size=128, n_layer=8, n_head=4, n_embd=128, dropout=0.0)  # noqa: E731
+    with counted_profiles() as spent:
+        auto = timed_fit(make, batches, None, [AutoCheckpoint(budget_gb=0.12)])
+    plain = timed_fit(make, batches, None, [])
+    step_s = plain.cpu_s / len(batches)
+    return (
+        f"example GPT (8 blocks, 16 x 128): first plan's profile {spent[0]:.3f} s, a training step {step_s:.3f} s"
+        f" ({spent[0] / step_s:.1f} steps), CPU time; the fit with the callback {auto.cpu_s:.2f} s, without"
+        f" {plain.cpu_s:.2f} s"
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench.shapes", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--layers", nargs="+", type=int, default=[4, 16], help="blocks per model (4 16)")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--min-length", type=int, default=16)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument(
+        "--where", type=float, default=0.5, help="budget between all (0) and none (1) checkpointed"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1)")
+    parser.add_argument("--cap", action="store_true", help="also run the callback under memory_cap(budget)")
+    parser.add_argument("--no-first-plan", action="store_true", help="skip the example GPT's first-plan cost")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    for kind in args.models:
+        for layers in args.layers:
+            sys.stdout.write(bench_model(kind, layers, args) + "\n\n")
+            sys.stdout.flush()
+    if not args.no_first_plan:
+        sys.stdout.write(first_plan_cost(args) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
