@@ -130,8 +130,8 @@ class PlanBook:
             raise ValueError("the saved `current_shapes` have no saved plan")
         if setting is not None and not isinstance(setting, dict):
             raise ValueError(f"the saved `setting` must be a dict, got {type(setting).__name__}")
-        # Field validation of each plan (signs, finite numbers, within its budget) belongs here too, once
-        # `check_plan_data` (lightning_ckpt/planning/) exists; the fresh-profile check covers the rest.
+        # Each plan's fields were checked by `CheckpointPlan.from_dict` (planning/plan_checks.py); whether
+        # it still holds for this model is the fresh-profile check before its first step.
         return cls(plans, current=current, setting=setting, unchecked=set(plans))
 
     def non_candidates(self, candidates: list[str]) -> list[str]:
