@@ -29,12 +29,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 
 from lightning_ckpt.core.memory.meter import state_tensors
-from lightning_ckpt.core.storage import LiveStorageTracker
+from lightning_ckpt.core.storage import LiveStorageTracker, unique_storage_bytes
 
-__all__ = ["memory_cap"]
+__all__ = ["CountRestoredState", "memory_cap"]
 
 
 class memory_cap(LiveStorageTracker):  # noqa: N801 - used like a function: `with memory_cap(n) as cap`
@@ -70,3 +71,25 @@ class memory_cap(LiveStorageTracker):  # noqa: N801 - used like a function: `wit
                 f"memory_cap: {self.live_bytes + nbytes} live bytes would pass the cap of"
                 f" {self.cap_bytes} bytes (+{nbytes} B in {where})"
             )
+
+
+class CountRestoredState(pl.Callback):
+    """Make ``cap`` count what a resumed fit loaded from its checkpoint before training starts.
+
+    ``torch.load`` builds tensors where no op runs, and ``Optimizer.load_state_dict`` keeps them, so a
+    :class:`memory_cap` entered before ``trainer.fit(..., ckpt_path=...)`` would not see the restored optimizer
+    state: a resumed run could pass the cap on a GPU and not here. Pass this callback to that fit.
+
+    Attributes:
+        state_bytes: the bytes of optimizer state alive when training started (0 until then).
+    """
+
+    def __init__(self, cap: memory_cap) -> None:
+        self.cap = cap
+        self.state_bytes = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for optimizer in trainer.optimizers:
+            tensors = list(state_tensors(pl_module, optimizer))
+            self.cap.count_existing(tensors)
+            self.state_bytes += unique_storage_bytes(state_tensors(None, optimizer))

@@ -22,7 +22,7 @@ from lightning_ckpt import AutoCheckpoint
 from lightning_ckpt.core.wrapping import checkpointed_names
 from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes
-from lightning_ckpt.testing import memory_cap
+from lightning_ckpt.testing import CountRestoredState, memory_cap
 from lightning_ckpt.units import gb_to_bytes
 
 GB = 1e9
@@ -94,9 +94,12 @@ def capped_fit(
         if isinstance(callback, AutoCheckpoint):
             assert callback.budget_bytes == budget_bytes, "the cap must equal the callback's budget"
     L.seed_everything(0, verbose=False)
-    trainer = fast_trainer(callbacks, max_steps=max_steps, **trainer_kwargs)
-    with memory_cap(budget_bytes, model=model):
+    with memory_cap(budget_bytes, model=model) as cap:
+        restored = CountRestoredState(cap)  # a resume's loaded optimizer state counts too
+        trainer = fast_trainer([*callbacks, restored], max_steps=max_steps, **trainer_kwargs)
         trainer.fit(model, train_dataloaders=train_loader, ckpt_path=ckpt_path)
+    if ckpt_path is not None:
+        assert restored.state_bytes > 0, "the resumed fit restored no optimizer state for the cap to count"
     return trainer, model
 
 

@@ -19,10 +19,9 @@ from torch import nn
 
 from lightning_ckpt import AutoCheckpoint
 from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
-from lightning_ckpt.core.memory.meter import state_tensors
-from lightning_ckpt.core.storage import LiveStorageTracker, unique_storage_bytes
+from lightning_ckpt.core.storage import LiveStorageTracker
 from lightning_ckpt.planning import BudgetTooSmallError
-from lightning_ckpt.testing import memory_cap
+from lightning_ckpt.testing import CountRestoredState, memory_cap
 
 GB = 1e9
 SHORT, LONG = 8, 32
@@ -79,17 +78,6 @@ class _GPT(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3, foreach=True)
 
 
-class _CountRestoredState(L.Callback):
-    """The cap counts the optimizer state a resume loaded (made by ``torch.load``, where no op runs)."""
-
-    def __init__(self, cap: memory_cap) -> None:
-        self.cap = cap
-
-    def on_train_start(self, trainer, pl_module):
-        self.cap.count_existing(state_tensors(pl_module, trainer.optimizers[0]))
-        self.state_bytes = unique_storage_bytes(state_tensors(None, trainer.optimizers[0]))
-
-
 def _advice(lengths, budget_bytes: int = 1, ckpt_path=None, **trainer_kwargs) -> int:
     """The smallest budget the callback advises for the first of ``lengths`` that ``budget_bytes`` cannot
     hold (1 byte: the first)."""
@@ -123,7 +111,7 @@ def test_training_at_the_advice_of_a_resumed_run_into_a_new_length_stays_within_
     model, callback = _GPT(seed=1), AutoCheckpoint(budget_gb=resumed_advice / GB)
     data = loader((LONG,) * 4 * accumulate, batch_size=1)
     with memory_cap(resumed_advice, model=model) as cap:  # every step, the optimizer's included
-        restored = _CountRestoredState(cap)
+        restored = CountRestoredState(cap)
         trainer = fast_trainer([callback, restored], max_steps=4, **trainer_kwargs)
         trainer.fit(model, train_dataloaders=data, ckpt_path=ckpt)
     assert trainer.global_step == 4

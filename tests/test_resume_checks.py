@@ -48,13 +48,22 @@ def test_a_resumed_model_with_larger_activations_plans_anew_within_the_budget(tm
 
 
 def test_a_hand_edited_plan_is_not_trusted(info_logs):
+    """An edit consistent in itself (every number plausible, nothing checkpointed, predicted at the budget)
+    passes the saved-data checks of `CheckpointPlan.from_dict`; the fresh profile before its first step
+    catches it."""
     budget = _middle_budget(tiny_gpt())
     saved = AutoCheckpoint(budget_gb=budget / GB)
     capped_fit(budget, [saved], loader((32,) * 2), 2)
     state = saved.state_dict()
     plan = state["plans"][0][1]
     assert plan["checkpointed"], "the budget needs checkpointing"
-    plan.update(checkpointed=[], kept=block_names(tiny_gpt()), predicted_peak_bytes=1, measured_peak_bytes=1)
+    plan.update(
+        checkpointed=[],
+        kept=block_names(tiny_gpt()),
+        predicted_peak_bytes=budget,
+        recompute_seconds=0.0,
+        measured_peak_bytes=None,
+    )
 
     callback = AutoCheckpoint(budget_gb=budget / GB)
     callback.load_state_dict(state)
