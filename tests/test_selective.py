@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from examples.gpt import Block, GPTConfig
+from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.selective.apply import apply_selective_checkpointing, selective_policy_of
 from lightning_ckpt.core.selective.measure import held_bytes
 from lightning_ckpt.core.selective.ops import record_ops
@@ -165,3 +166,18 @@ def test_bad_input_is_refused_with_the_argument_named():
         apply_selective_checkpointing(model, {"nope": SelectivePolicy(frozenset())})
     with pytest.raises(ValueError, match="`repeats` must be a positive integer, got 0"):
         record_ops(model, torch.randn(1, 2), repeats=0)
+
+
+@pytest.mark.parametrize("dropout", [0, 0.5])
+@pytest.mark.parametrize("name", MODELS)
+def test_a_record_on_fake_tensors_equals_the_real_one_but_for_times(name, dropout):
+    model = MODELS[name](dropout)
+    real = record_ops(model, _input(), repeats=1)
+    with fake_model(model) as fake:
+        fake_calls = record_ops(model, fake.fake(_input()), repeats=1)
+
+    def sizes(calls):
+        return [(c.key, c.output_bytes, c.saved_bytes, c.flops, c.random, c.mutated) for c in calls]
+
+    assert sizes(fake_calls) == sizes(real)
+    assert any(c.random for c in real) == (dropout > 0)

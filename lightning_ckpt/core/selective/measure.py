@@ -34,20 +34,27 @@ def held_bytes(module: nn.Module, *args: Any) -> int:
     return live - unique_storage_bytes(tree_leaves(out))
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+Clock = Callable[[], float]
+"""Seconds now: ``time.perf_counter`` (wall time, the default) or ``time.process_time`` (CPU time, for a
+shared CPU). Times on a GPU would need a synchronize, which these measurements do not do yet."""
+
+
+def _median_seconds(fn: Callable[[], Any], repeats: int, clock: Clock) -> float:
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
-def forward_seconds(block: nn.Module, *args: Any, repeats: int = 5) -> float:
+def forward_seconds(
+    block: nn.Module, *args: Any, repeats: int = 5, clock: Clock = time.perf_counter
+) -> float:
     """Median time of ``block(*args)`` with gradients enabled (what a recomputation pays), one warm-up."""
     with torch.enable_grad():
         block(*args)
-        return _median_seconds(lambda: block(*args), repeats)
+        return _median_seconds(lambda: block(*args), repeats, clock)
 
 
 def _step(block: nn.Module, args: tuple[Any, ...], context_fn: Callable[[], Any] | None) -> None:
@@ -60,15 +67,18 @@ def _step(block: nn.Module, args: tuple[Any, ...], context_fn: Callable[[], Any]
     torch.autograd.grad(outputs, inputs, [torch.ones_like(t) for t in outputs], allow_unused=True)
 
 
-def sac_overhead_seconds(block: nn.Module, *args: Any, repeats: int = 5) -> float:
+def sac_overhead_seconds(
+    block: nn.Module, *args: Any, repeats: int = 5, clock: Clock = time.perf_counter
+) -> float:
     """What eager selective checkpointing costs by itself per call of ``block``: the median forward and
     backward under a policy that saves nothing, minus the same under full checkpointing (both recompute
-    everything; the difference is the two dispatch modes). Runs interleaved; at least 0."""
+    everything; the difference is the two dispatch modes). Runs interleaved, the median of the paired
+    differences; at least 0."""
     nothing = SelectivePolicy(frozenset()).context_fn
     with torch.enable_grad():
         _step(block, args, None), _step(block, args, nothing)  # warm-up
-        full, selective = [], []
+        differences = []
         for _ in range(repeats):
-            full.append(_median_seconds(lambda: _step(block, args, None), 1))
-            selective.append(_median_seconds(lambda: _step(block, args, nothing), 1))
-    return max(0.0, statistics.median(selective) - statistics.median(full))
+            full = _median_seconds(lambda: _step(block, args, None), 1, clock)
+            differences.append(_median_seconds(lambda: _step(block, args, nothing), 1, clock) - full)
+    return max(0.0, statistics.median(differences))

@@ -21,15 +21,15 @@ import dataclasses
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import SAC_IGNORED_OPS
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
-from lightning_ckpt._compat import TorchDispatchMode, tree_leaves
+from lightning_ckpt._compat import FakeTensor, TorchDispatchMode, tree_leaves
 from lightning_ckpt.core.storage import storage_key, storages_of
 
 __all__ = ["OpCall", "record_ops"]
@@ -46,9 +46,10 @@ class OpCall:
             own output left out (it lives on after the block anyway).
         saved_bytes: the part of ``output_bytes`` that autograd saves for backward when the block is kept.
         flops: its FLOPs as ``torch.utils.flop_counter`` counts them (0 for pointwise and copy ops).
-        seconds: its measured time in the forward (median over the repeats).
+        seconds: its measured time in the forward (median over the repeats; meaningless on fake tensors).
         random: it drew random numbers (an op tagged ``nondeterministic_seeded``, dropout's ``bernoulli_``
-            or SDPA with dropout, that moved the RNG state).
+            or SDPA with dropout, that moved the RNG state; on fake tensors, one whose arguments do not
+            turn it off).
         mutated: a later op writes into its output in place (saving it would cache a stale value).
     """
 
@@ -78,6 +79,17 @@ def _is_random(func: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in func.tags
 
 
+def _drawless(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a random op's arguments turn its randomness off (``dropout_p=0``, ``p=0``, ``train=False``)."""
+    for position, argument in enumerate(func._schema.arguments):
+        value = kwargs.get(argument.name, args[position] if position < len(args) else argument.default_value)
+        if (argument.name in ("dropout_p", "p") and value == 0) or (
+            argument.name == "train" and value is False
+        ):
+            return True
+    return False
+
+
 def _rng_states() -> list[torch.Tensor]:
     states = [torch.get_rng_state()]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -103,6 +115,9 @@ def _written_args(func: Any, args: tuple, kwargs: dict) -> list[Any]:
 
 
 def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    """FLOPs by ``torch.utils.flop_counter``'s formulas, and SDPA's for the CPU kernel it has none for."""
+    if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+        return int(sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape))
     counter = flop_registry.get(func.overloadpacket)
     return int(counter(*args, **kwargs, out_val=out)) if counter is not None else 0
 
@@ -110,8 +125,9 @@ def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
 class _Recorder(TorchDispatchMode):
     """Records every op call of one forward: its new storages, the ones it writes into, its time."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
         super().__init__()
+        self.clock = clock
         self.calls: list[dict[str, Any]] = []
         self.keep_alive: list[torch.UntypedStorage] = []  # storage keys stay unique while recording
         self._counts: dict[Any, int] = defaultdict(int)
@@ -123,11 +139,15 @@ class _Recorder(TorchDispatchMode):
         if func in SAC_IGNORED_OPS:
             return func(*args, **kwargs)
         inputs = {storage_key(s) for t in tree_leaves((args, kwargs)) for s in storages_of(t)}
-        rng_before = _rng_states() if _is_random(func) else None
-        start = time.perf_counter()
+        fake = any(isinstance(t, FakeTensor) for t in tree_leaves((args, kwargs)))
+        rng_before = _rng_states() if _is_random(func) and not fake else None
+        start = self.clock()
         out = func(*args, **kwargs)
-        seconds = time.perf_counter() - start
-        random = rng_before is not None and not _same(rng_before, _rng_states())
+        seconds = self.clock() - start
+        if fake:  # fake tensors draw nothing: read the op's own arguments instead
+            random = _is_random(func) and not _drawless(func, args, kwargs)
+        else:
+            random = rng_before is not None and not _same(rng_before, _rng_states())
         for tensor in _written_args(func, args, kwargs):
             for storage in storages_of(tensor):
                 if (creator := self._creator.get(storage_key(storage))) is not None:
@@ -156,7 +176,9 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def _record_once(block: nn.Module, args: Sequence[Any]) -> tuple[_Recorder, set[int]]:
+def _record_once(
+    block: nn.Module, args: Sequence[Any], clock: Callable[[], float]
+) -> tuple[_Recorder, set[int]]:
     """One forward under the recorder; returns it and the storage keys autograd packed for backward."""
     packed: set[int] = set()
 
@@ -164,7 +186,7 @@ def _record_once(block: nn.Module, args: Sequence[Any]) -> tuple[_Recorder, set[
         packed.update(storage_key(s) for s in storages_of(tensor))
         return tensor
 
-    recorder = _Recorder()
+    recorder = _Recorder(clock)
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         with recorder:
             out = block(*args)
@@ -172,7 +194,9 @@ def _record_once(block: nn.Module, args: Sequence[Any]) -> tuple[_Recorder, set[
     return recorder, packed
 
 
-def record_ops(block: nn.Module, *args: Any, repeats: int = 3) -> list[OpCall]:
+def record_ops(
+    block: nn.Module, *args: Any, repeats: int = 3, clock: Callable[[], float] = time.perf_counter
+) -> list[OpCall]:
     """The op calls of ``block(*args)``'s forward, in order, with their bytes, FLOPs and median time.
 
     The forward runs ``repeats + 1`` times with gradients enabled (as a recomputation runs); the first
@@ -183,6 +207,7 @@ def record_ops(block: nn.Module, *args: Any, repeats: int = 3) -> list[OpCall]:
         block: the module (its parameters may require gradients; no backward runs).
         *args: its positional inputs, real tensors.
         repeats: timed runs (at least 1).
+        clock: seconds now: wall time by default; ``time.process_time`` (CPU time) on a shared CPU.
 
     Raises:
         ValueError: if ``repeats`` is below 1.
@@ -190,10 +215,10 @@ def record_ops(block: nn.Module, *args: Any, repeats: int = 3) -> list[OpCall]:
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
-    first, packed = _record_once(block, args)
+    first, packed = _record_once(block, args, clock)
     times = [[] for _ in first.calls]
     for _ in range(repeats):
-        run, _ = _record_once(block, args)
+        run, _ = _record_once(block, args, clock)
         if [c["func"] for c in run.calls] != [c["func"] for c in first.calls]:
             raise RuntimeError(f"{type(block).__name__}'s forward called other ops on a second run")
         for column, call in zip(times, run.calls, strict=True):

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -95,17 +96,20 @@ class BlockOption:
     policy: SelectivePolicy | None = None
 
 
-def profile_block(block: nn.Module, *args: Any, repeats: int = 3) -> BlockOpProfile:
-    """Measure ``block(*args)`` op by op on real tensors (``repeats`` timed runs of each measurement).
+def profile_block(
+    block: nn.Module, *args: Any, repeats: int = 3, clock: Callable[[], float] = time.perf_counter
+) -> BlockOpProfile:
+    """Measure ``block(*args)`` op by op on real tensors (``repeats`` timed runs of each measurement, on
+    ``clock``: wall time by default, ``time.process_time`` for CPU time on a shared CPU).
 
     It runs forwards and checkpointed backwards; parameter gradients are left untouched, random numbers
     are consumed (restore the RNG state if it matters).
     """
-    calls = tuple(record_ops(block, *args, repeats=repeats))
+    calls = tuple(record_ops(block, *args, repeats=repeats, clock=clock))
     return BlockOpProfile(
         calls=calls,
-        forward_seconds=forward_seconds(block, *args, repeats=repeats),
-        sac_overhead_seconds=sac_overhead_seconds(block, *args, repeats=repeats),
+        forward_seconds=forward_seconds(block, *args, repeats=repeats, clock=clock),
+        sac_overhead_seconds=sac_overhead_seconds(block, *args, repeats=repeats, clock=clock),
     )
 
 
