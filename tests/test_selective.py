@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from examples.gpt import Block, GPTConfig
 from lightning_ckpt.core.fake_tensors import fake_model
@@ -181,3 +182,30 @@ def test_a_record_on_fake_tensors_equals_the_real_one_but_for_times(name, dropou
 
     assert sizes(fake_calls) == sizes(real)
     assert any(c.random for c in real) == (dropout > 0)
+
+
+def _step_matmul_flops(model: nn.Module) -> int:
+    """Matmul FLOPs of a forward and backward (FlopCounterMode's module hooks add ops to a recomputation,
+    so the forward runs under it too: a selective region's ops must be the same in both)."""
+    torch.manual_seed(2)
+    with FlopCounterMode(display=False) as counter:
+        model(_input()).square().sum().backward()
+    model.zero_grad(set_to_none=True)
+    counts = counter.get_flop_counts()["Global"]
+    return sum(
+        n for packet, n in counts.items() if str(packet) in {name.rsplit(".", 1)[0] for name in MATMUL_OPS}
+    )
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_backward_recomputes_exactly_the_matmuls_an_option_does_not_save(profiles, name):
+    profile = profiles[(name, 0.5)]
+    model = nn.Sequential(MODELS[name](0.5))
+    kept = _step_matmul_flops(model)
+    matmuls = [call for call in profile.calls if str(call.func) in MATMUL_OPS]
+    for option in _options(profile):
+        saved = option.policy.saved if option.policy else set()
+        recomputed = 0 if option.kind == "keep" else sum(c.flops for c in matmuls if c.key not in saved)
+        _wrap(model, option)
+        assert _step_matmul_flops(model) - kept == recomputed, option.name
+        remove_checkpointing(model)

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import warnings
@@ -42,25 +43,53 @@ log = logging.getLogger(__name__)
 
 
 class _SelectiveCheckpoint(wrapping._Checkpoint):
-    """Full checkpointing's hooks, the region opened under a selective policy."""
+    """Full checkpointing's hooks, the region opened under a selective policy.
+
+    The recomputation's dispatch mode (the one that hands back the saved outputs) is entered by this
+    module's pre-hook and left by its forward hook, as the forward's caching mode is, not around the
+    whole replayed call: global forward pre-hooks (``FlopCounterMode``'s module tracker) run before the
+    region in forward and again in the replay, and their ops must not shift the policy's op counts.
+    """
 
     def __init__(self, name: str, policy: SelectivePolicy) -> None:
         super().__init__(name)
         self.policy = policy
+        self.pending: list[Any] = []  # the recomputation modes of the replays under way
+        self.entered: list[Any] = []  # those entered by `start`, left by `finish`
 
     def start(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Forward pre-hook: as :meth:`wrapping._Checkpoint.start`, with the policy's ``context_fn``."""
+        """Forward pre-hook: as :meth:`wrapping._Checkpoint.start`, with the policy's modes."""
         if torch.compiler.is_compiling():
             wrapping._warn_compiled(module)
             return
         if self.replaying:
+            if self.pending and len(self.entered) < len(self.pending):
+                self.pending[-1].__enter__()
+                self.entered.append(self.pending[-1])
             return
         region = None
         if torch.is_grad_enabled():
-            replay = functools.partial(self.replay, module, dict(kwargs))
-            region = checkpoint_region(replay, *args, context_fn=self.policy.context_fn)
+            caching, cached = self.policy.context_fn()
+            replay = functools.partial(self.replay_cached, cached, module, dict(kwargs))
+            region = checkpoint_region(replay, *args, context_fn=lambda: (caching, contextlib.nullcontext()))
             next(region)
         self.regions.append(region)
+
+    def finish(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Forward hook: leave the recomputation's mode in a replay, then as the full checkpoint's."""
+        if self.replaying and self.entered and len(self.entered) == len(self.pending):
+            self.entered.pop().__exit__(None, None, None)
+        super().finish(module, args, output)
+
+    def replay_cached(self, cached: Any, module: nn.Module, kwargs: dict[str, Any], *args: Any) -> None:
+        """Backward's recomputation, with ``cached`` (the region's recomputation mode) for its hooks."""
+        self.pending.append(cached)
+        try:
+            self.replay(module, kwargs, *args)
+        finally:
+            self.pending.pop()
+            if len(self.entered) > len(self.pending):  # the forward hook did not run (an interrupt)
+                self.entered.pop().__exit__(None, None, None)
 
 
 def _wrap(module: nn.Module, name: str, policy: SelectivePolicy) -> None:

@@ -33,7 +33,14 @@ from lightning_ckpt.core.selective.measure import forward_seconds, sac_overhead_
 from lightning_ckpt.core.selective.ops import OpCall, record_ops
 from lightning_ckpt.core.selective.policy import SelectivePolicy
 
-__all__ = ["BlockOpProfile", "BlockOption", "block_options", "named_options", "profile_block"]
+__all__ = [
+    "BlockOpProfile",
+    "BlockOption",
+    "block_options",
+    "named_options",
+    "profile_block",
+    "selective_option",
+]
 
 SDPA_OPS = frozenset(
     {
