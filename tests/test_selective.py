@@ -59,9 +59,8 @@ def test_the_record_names_attention_and_matmuls(profiles, name):
     calls = profiles[(name, 0)].calls
     names = {str(call.func) for call in calls}
     assert names & SDPA_OPS and names & MATMUL_OPS
-    assert all(
-        call.savable for call in calls if str(call.func) in SDPA_OPS | MATMUL_OPS and call.output_bytes
-    )
+    heavy = [call for call in calls if str(call.func) in SDPA_OPS | MATMUL_OPS and call.output_bytes]
+    assert all(call.savable == call.recomputed for call in heavy)  # past the early stop, saving is useless
     indices = [call.index for call in calls if str(call.func) == "aten.addmm.default"]
     assert indices == list(range(len(indices)))
 
@@ -178,7 +177,9 @@ def test_a_record_on_fake_tensors_equals_the_real_one_but_for_times(name, dropou
         fake_calls = record_ops(model, fake.fake(_input()), repeats=1)
 
     def sizes(calls):
-        return [(c.key, c.output_bytes, c.saved_bytes, c.flops, c.random, c.mutated) for c in calls]
+        return [
+            (c.key, c.output_bytes, c.saved_bytes, c.flops, c.random, c.mutated, c.recomputed) for c in calls
+        ]
 
     assert sizes(fake_calls) == sizes(real)
     assert any(c.random for c in real) == (dropout > 0)
@@ -197,15 +198,19 @@ def _step_matmul_flops(model: nn.Module) -> int:
     )
 
 
+@pytest.mark.parametrize("dropout", [0, 0.5])
 @pytest.mark.parametrize("name", MODELS)
-def test_backward_recomputes_exactly_the_matmuls_an_option_does_not_save(profiles, name):
-    profile = profiles[(name, 0.5)]
-    model = nn.Sequential(MODELS[name](0.5))
+def test_backward_recomputes_exactly_the_matmuls_an_option_does_not_save(profiles, name, dropout):
+    profile = profiles[(name, dropout)]
+    model = nn.Sequential(MODELS[name](dropout))
+    if name == "gpt_block" and dropout == 0:  # the MLP's c_proj saves its input: early stop skips it
+        assert [c.recomputed for c in profile.calls if str(c.func) in MATMUL_OPS] == [True, True, True, False]
     kept = _step_matmul_flops(model)
     matmuls = [call for call in profile.calls if str(call.func) in MATMUL_OPS]
     for option in _options(profile):
         saved = option.policy.saved if option.policy else set()
-        recomputed = 0 if option.kind == "keep" else sum(c.flops for c in matmuls if c.key not in saved)
+        recomputed = sum(c.flops for c in matmuls if c.recomputed and c.key not in saved)
+        recomputed = 0 if option.kind == "keep" else recomputed
         _wrap(model, option)
         assert _step_matmul_flops(model) - kept == recomputed, option.name
         remove_checkpointing(model)

@@ -51,6 +51,8 @@ class OpCall:
             or SDPA with dropout, that moved the RNG state; on fake tensors, one whose arguments do not
             turn it off).
         mutated: a later op writes into its output in place (saving it would cache a stale value).
+        recomputed: a checkpointed recomputation runs it: torch's early stop ends the recomputation once
+            the last tensor autograd saved is recomputed, so the calls after that one never run again.
     """
 
     func: Any
@@ -61,6 +63,7 @@ class OpCall:
     seconds: float
     random: bool
     mutated: bool
+    recomputed: bool
 
     @property
     def key(self) -> tuple[str, int]:
@@ -69,9 +72,10 @@ class OpCall:
 
     @property
     def savable(self) -> bool:
-        """Whether a policy may save its output: it creates memory, draws no random numbers (those are
-        recomputed with the forward's RNG state) and nothing writes into its output afterwards."""
-        return self.output_bytes > 0 and not self.random and not self.mutated
+        """Whether saving its output can pay: it creates memory, a recomputation would run it, it draws no
+        random numbers (those are recomputed with the forward's RNG state) and nothing writes into its
+        output afterwards."""
+        return self.output_bytes > 0 and self.recomputed and not self.random and not self.mutated
 
 
 def _is_random(func: Any) -> bool:
@@ -133,6 +137,7 @@ class _Recorder(TorchDispatchMode):
         self._counts: dict[Any, int] = defaultdict(int)
         self._creator: dict[int, int] = {}  # storage key -> index into calls
         self.output_keys: set[int] = set()  # the block output's storages, set after the forward
+        self.reached = 0  # calls run when autograd packed its last tensor
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -179,11 +184,16 @@ class _Recorder(TorchDispatchMode):
 def _record_once(
     block: nn.Module, args: Sequence[Any], clock: Callable[[], float]
 ) -> tuple[_Recorder, set[int]]:
-    """One forward under the recorder; returns it and the storage keys autograd packed for backward."""
+    """One forward under the recorder; returns it and the storage keys autograd packed for backward.
+
+    ``recorder.reached`` is how many calls had run when autograd packed its last tensor (an input is
+    packed before its op runs, an output after): a recomputation runs those and stops (torch's early stop).
+    """
     packed: set[int] = set()
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         packed.update(storage_key(s) for s in storages_of(tensor))
+        recorder.reached = len(recorder.calls)
         return tensor
 
     recorder = _Recorder(clock)
@@ -225,14 +235,18 @@ def record_ops(
             column.append(call["seconds"])
     medians = [statistics.median(column) for column in times]
     return [
-        _op_call(call, packed, first.output_keys, s) for call, s in zip(first.calls, medians, strict=True)
+        _op_call(call, packed, first.output_keys, s, position < first.reached)
+        for position, (call, s) in enumerate(zip(first.calls, medians, strict=True))
     ]
 
 
-def _op_call(call: dict[str, Any], packed: set[int], output_keys: set[int], seconds: float) -> OpCall:
+def _op_call(
+    call: dict[str, Any], packed: set[int], output_keys: set[int], seconds: float, recomputed: bool
+) -> OpCall:
     """The record of one call; storages of the block's own output are left out (they live on anyway)."""
     storages = {key: s for key, s in call["storages"].items() if key not in output_keys}
     return OpCall(
+        recomputed=recomputed,
         func=call["func"],
         index=call["index"],
         output_bytes=sum(s.nbytes() for s in storages.values()),

@@ -64,7 +64,8 @@ class BlockOpProfile:
 
     Attributes:
         calls: its forward's op calls, in order.
-        forward_seconds: its whole forward with gradients enabled (what full checkpointing recomputes).
+        forward_seconds: its whole forward with gradients enabled (a full recomputation runs its calls up
+            to torch's early stop: see ``OpCall.recomputed``).
         sac_overhead_seconds: eager selective checkpointing's own cost per forward and backward.
     """
 
@@ -80,6 +81,17 @@ class BlockOpProfile:
     @property
     def forward_flops(self) -> int:
         return sum(call.flops for call in self.calls)
+
+    def recompute_seconds(self, calls: Sequence[OpCall]) -> float:
+        """The forward's time, times the share of the op calls' measured time that ``calls`` take (the
+        calls are timed under a dispatch mode, the forward without one)."""
+        total = sum(call.seconds for call in self.calls)
+        return self.forward_seconds * sum(call.seconds for call in calls) / total if total > 0 else 0.0
+
+    @property
+    def recomputed_calls(self) -> list[OpCall]:
+        """The calls a full checkpoint's recomputation runs (up to torch's early stop)."""
+        return [call for call in self.calls if call.recomputed]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,19 +135,17 @@ def profile_block(
 def selective_option(profile: BlockOpProfile, name: str, chosen: Sequence[OpCall]) -> BlockOption:
     """The option that saves the outputs of ``chosen`` calls (the savable ones) and recomputes the rest.
 
-    Its recompute time is the forward's, times the share of the op calls' measured time that it
-    recomputes (the calls are timed under a dispatch mode, the forward without one), plus SAC's overhead.
+    Its recompute time is the forward's share of the calls it recomputes (those a full recomputation
+    runs, less the saved ones), plus SAC's overhead.
     """
     saved = [call for call in chosen if call.savable]
-    recomputed_share = 1 - sum(call.seconds for call in saved) / max(
-        sum(c.seconds for c in profile.calls), 1e-12
-    )
+    recomputed = [call for call in profile.recomputed_calls if call not in saved]
     return BlockOption(
         name=name,
         kind="selective",
         saved_bytes=sum(call.output_bytes for call in saved),
-        recompute_seconds=profile.forward_seconds * recomputed_share + profile.sac_overhead_seconds,
-        recompute_flops=profile.forward_flops - sum(call.flops for call in saved),
+        recompute_seconds=profile.recompute_seconds(recomputed) + profile.sac_overhead_seconds,
+        recompute_flops=sum(call.flops for call in recomputed),
         policy=SelectivePolicy(frozenset(call.key for call in saved)),
     )
 
@@ -159,7 +169,11 @@ def named_options(profile: BlockOpProfile) -> dict[str, BlockOption]:
     options = {
         "keep": BlockOption("keep", "keep", profile.keep_bytes, 0.0, 0),
         "checkpoint": BlockOption(
-            "checkpoint", "checkpoint", 0, profile.forward_seconds, profile.forward_flops
+            "checkpoint",
+            "checkpoint",
+            0,
+            profile.recompute_seconds(profile.recomputed_calls),
+            sum(call.flops for call in profile.recomputed_calls),
         ),
     }
     for name, rule in _RULES.items():
