@@ -147,6 +147,10 @@ def test_removal_leaves_the_module_as_it_was(profiles):
     policy = named_options(profiles[("gpt_block", 0.5)])["sdpa+matmuls"].policy
     assert apply_selective_checkpointing(model, {"0": policy}) == ["0"]
     assert is_checkpointed(model[0]) and selective_policy_of(model[0]) is policy
+    model.eval()
+    with torch.no_grad():  # no region opens: evaluation runs as the plain module
+        torch.testing.assert_close(model(_input()), model[0].forward(_input()))
+    model.train()
     with pytest.warns(UserWarning, match="already checkpointed"):
         assert apply_checkpointing(model, ["0"]) == []
     assert remove_checkpointing(model) == ["0"]

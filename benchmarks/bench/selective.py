@@ -7,10 +7,11 @@ torchtitan's rule), their saved calls taken from block 0's op record. For each i
 peak of the step (every storage the step creates, counted live: activations, recomputations,
 gradients), the bytes the 6 blocks hold from forward to backward (predicted: block 0's option x 6, plus
 the inputs of blocks 1-5; and measured), and the median step time (and its IQR) over ``--rounds``
-rounds that run the policies round-robin, with its ratio to keep's; ``--clock cpu`` (the default)
-counts the process's CPU time, which a shared machine disturbs less than wall time. It also prints
-block 0's options (its frontier and the named rules) and eager SAC's own overhead per block, measured.
-Nothing is asserted: on a shared CPU the times drift, the ratios within one run are what to read.
+rounds that run the policies round-robin, with its ratio to keep's and its extra time over keep's
+beside the option's predicted recompute x 6; ``--clock cpu`` (the default) counts the process's CPU
+time, which a shared machine disturbs less than wall time. It also prints block 0's options (its
+frontier and the named rules) and eager SAC's own overhead per block, measured. Nothing is asserted:
+on a shared CPU the times drift, the ratios within one run are what to read.
 
 Example:
     >>> trunk, x = make_trunk(batch=1, seq_len=8, n_embd=32, n_head=2)
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     trunk, idx = make_trunk(args.batch, args.seq_len, args.n_embd, args.n_head)
     with torch.no_grad():
         x = trunk.drop(trunk.wte(idx) + trunk.wpe(torch.arange(args.seq_len)))
-    profile = profile_one_block(trunk.h[0], x.requires_grad_(True), repeats=3, clock=clock)
+    profile = profile_one_block(trunk.h[0], x.requires_grad_(True), repeats=5, clock=clock)
     named = named_options(profile)
     print(
         f"6-block GPT, n_embd {args.n_embd}, T={args.seq_len}, batch {args.batch}, {args.threads} thread(s), {args.clock} clock; "
@@ -156,8 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     medians = {name: statistics.median(values) for name, values in times.items()}
     print(f"\nUniform policies, median of {args.rounds} round-robin rounds:")
     print(
-        "| policy | peak MB | held MB predicted | held MB measured | step ms | IQR ms | time / keep's |\n"
-        "|---|---|---|---|---|---|---|"
+        "| policy | peak MB | held MB predicted | held MB measured | step ms | IQR ms | time / keep's "
+        "| extra ms predicted | extra ms measured |\n|---|---|---|---|---|---|---|---|---|"
     )
     inputs_bytes = (N_LAYER - 1) * x.nbytes  # blocks 1-5's inputs, made in the trunk, held by every policy
     for name, option in options.items():
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
         predicted = N_LAYER * option.saved_bytes + inputs_bytes
         print(
             f"| {name} | {peak / 1e6:.2f} | {predicted / 1e6:.2f} | {held / 1e6:.2f} | "
-            f"{medians[name] * 1e3:.1f} | {_iqr_ms(times[name])} | {medians[name] / medians['keep']:.3f} |"
+            f"{medians[name] * 1e3:.1f} | {_iqr_ms(times[name])} | {medians[name] / medians['keep']:.3f} | "
+            f"{N_LAYER * option.recompute_seconds * 1e3:.1f} | {(medians[name] - medians['keep']) * 1e3:.1f} |"
         )
 
 
