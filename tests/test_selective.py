@@ -158,7 +158,9 @@ def test_removal_leaves_the_module_as_it_was(profiles):
     assert not is_checkpointed(model[0]) and selective_policy_of(model[0]) is None
 
 
-def test_bad_input_is_refused_with_the_argument_named():
+def test_bad_input_is_refused_with_the_argument_named(profiles):
+    with pytest.raises(ValueError, match="`max_prefixes` must be a positive integer, got 0"):
+        block_options(profiles[("gpt_block", 0)], max_prefixes=0)
     with pytest.raises(ValueError, match="`saved` must be a frozenset of"):
         SelectivePolicy(frozenset({"aten.mm.default"}))
     with pytest.raises(ValueError, match="`saved` must be a frozenset of"):
