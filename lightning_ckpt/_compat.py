@@ -165,29 +165,38 @@ def fsdp_policy_classes(policy: Any) -> list[type] | None:
     return None if classes is None else list(classes)
 
 
-def _region_options() -> list[Any]:
-    """The generator's parameters between ``fn`` and ``*args``: torch's defaults, RNG state preserved."""
+def _region_options() -> list[tuple[str, Any]]:
+    """The generator's parameters between ``fn`` and ``*args`` as (name, value): torch's defaults, RNG
+    state preserved."""
     options = []
     for parameter in list(inspect.signature(_checkpoint_without_reentrant_generator).parameters.values())[1:]:
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
             return options
-        options.append(True if parameter.name == "preserve_rng_state" else parameter.default)
+        options.append(
+            (parameter.name, True if parameter.name == "preserve_rng_state" else parameter.default)
+        )
     raise TypeError("torch.utils.checkpoint._checkpoint_without_reentrant_generator takes no *args any more")
 
 
 _REGION_OPTIONS = _region_options()
 
 
-def checkpoint_region(recompute: Callable[..., Any], *args: Any) -> Generator[None, None, None]:
+def checkpoint_region(
+    recompute: Callable[..., Any], *args: Any, context_fn: Callable[[], Any] | None = None
+) -> Generator[None, None, None]:
     """Torch's non-reentrant checkpoint split at the forward: the first ``next()`` starts saving tensors as
     recomputable, the second ends it; backward then calls ``recompute(*args)`` with the RNG state restored.
 
     ``torch.utils.checkpoint._checkpoint_without_reentrant_generator`` (torch 2.4-2.13; what
     ``torch.utils.checkpoint.checkpoint`` and the composable ``checkpoint`` run). Its options come before
     ``*args``, and newer releases added ``early_stop`` among them (2.13 has it, older ones do not), so they
-    are passed by position as its signature lists them: torch's defaults, RNG state preserved.
+    are passed by position as its signature lists them: torch's defaults, RNG state preserved, and
+    ``context_fn`` (selective checkpointing's two dispatch modes) when one is given.
     """
-    return _checkpoint_without_reentrant_generator(recompute, *_REGION_OPTIONS, *args)
+    options = [
+        context_fn if name == "context_fn" and context_fn else value for name, value in _REGION_OPTIONS
+    ]
+    return _checkpoint_without_reentrant_generator(recompute, *options, *args)
 
 
 def composable_api_names(module: Any) -> list[str]:

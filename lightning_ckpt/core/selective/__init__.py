@@ -1,0 +1,32 @@
+"""Op-level choices for one block: its op calls, its options between keep and full checkpoint, and
+selective checkpointing applied with removable hooks (issue 24, groundwork: per block, no plan yet).
+
+``ops`` records the calls, ``options`` builds the frontier, ``policy`` names saved calls the way
+``create_selective_checkpoint_contexts`` sees them, ``apply`` wraps modules, ``measure`` times and sizes.
+"""
+
+from lightning_ckpt.core.selective.apply import apply_selective_checkpointing, selective_policy_of
+from lightning_ckpt.core.selective.measure import held_bytes
+from lightning_ckpt.core.selective.ops import OpCall, record_ops
+from lightning_ckpt.core.selective.options import (
+    BlockOpProfile,
+    BlockOption,
+    block_options,
+    named_options,
+    profile_block,
+)
+from lightning_ckpt.core.selective.policy import SelectivePolicy
+
+__all__ = [
+    "BlockOpProfile",
+    "BlockOption",
+    "OpCall",
+    "SelectivePolicy",
+    "apply_selective_checkpointing",
+    "block_options",
+    "held_bytes",
+    "named_options",
+    "profile_block",
+    "record_ops",
+    "selective_policy_of",
+]
