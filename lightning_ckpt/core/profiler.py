@@ -72,8 +72,8 @@ def profile_step(
             :func:`lightning_ckpt.core.memory.optimizer.estimate_optimizer_bytes`).
 
     Raises:
-        ValueError: bad ``cost``, unknown candidate names, ``cost="time"`` on fake tensors, checkpointed
-            modules, or a ``step_fn`` that does not return a loss that requires grad.
+        ValueError: bad ``cost``, unknown candidate names, two names of one (shared) module, ``cost="time"``
+            on fake tensors, checkpointed modules, or a ``step_fn`` that does not return a loss that requires grad.
 
     Example:
         >>> import torch
@@ -91,6 +91,7 @@ def profile_step(
     if cost not in COSTS:
         raise ValueError(f"`cost` must be one of {COSTS}, got {cost!r}")
     modules = resolve_modules(model, candidates, argument="candidates")
+    _refuse_aliases(modules)
     if cost == "time" and any(isinstance(p, FakeTensor) for p in model.parameters()):
         raise ValueError(
             '`cost` must be "flops" when the model has fake tensors (nothing to time), got "time"'
@@ -148,6 +149,17 @@ def _left_out(recorder: Recorder) -> list[str]:
             stacklevel=3,
         )
     return repeated + recomputed
+
+
+def _refuse_aliases(modules: dict[str, nn.Module]) -> None:
+    first: dict[int, str] = {}
+    for name, module in modules.items():
+        same = first.setdefault(id(module), name)
+        if same != name:
+            raise ValueError(
+                "`candidates` must name distinct modules (a shared module is one candidate, see"
+                f" `find_candidates`), got {same!r} and {name!r} for one module"
+            )
 
 
 def _refuse_checkpointed(model: nn.Module) -> None:
