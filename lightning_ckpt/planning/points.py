@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -101,13 +101,21 @@ class PointMatrix:
 
     def peak(self, kept: np.ndarray) -> int:
         """The peak for one kept mask (profile order)."""
+        return int(self.totals(kept)[self.applies(kept)].max())
+
+    def totals(self, kept: np.ndarray) -> np.ndarray:
+        """Each point's bytes for the kept mask (whether or not it applies)."""
         totals = self.base + self.keep @ kept.astype(np.int64)
         for row, (literals, nbytes) in self.either:
             totals[row] += nbytes if any(kept[m] == k for m, k in literals) else 0
+        return totals
+
+    def applies(self, kept: np.ndarray) -> np.ndarray:
+        """Whether each point counts for the kept mask."""
         conditional = self.when_index >= 0
         applies = ~conditional
         applies[conditional] = kept[self.when_index[conditional]] == self.when_kept[conditional]
-        return int(totals[applies].max())
+        return applies
 
 
 def peak_points(profile: StepProfile, *, zero_grad: ZeroGrad | None = None) -> tuple[PeakPoint, ...]:
@@ -190,12 +198,15 @@ class _StorageTable:
         candidate then corrects for that candidate's own storages. The work is the events plus, per point,
         its fixed candidate's storages and one copy of the coefficients (the output): no points x storages.
         """
-        events = self._events()
         own: dict[int, list[int]] = {}
         for k in np.flatnonzero(self.owner >= 0).tolist():
             own.setdefault(int(self.owner[k]), []).append(k)
+        return merged_points(self._swept(specs, own))
+
+    def _swept(self, specs: list, own: dict[int, list[int]]) -> Iterator[PeakPoint]:
+        """The points, one at a time in time order (merged as they come: a few alive per candidate)."""
+        events = self._events()
         base_now, keep_now, next_event = 0, _zeros(self.n), 0
-        points = []
         for row in sorted(range(len(specs)), key=lambda r: specs[r][0]):
             time, fixed, base, when = specs[row]
             while next_event < len(events) and events[next_event][0] <= time:
@@ -214,8 +225,7 @@ class _StorageTable:
                 if not self.always[k] <= time:  # else in the base already
                     base, term = _either(earliest, time, fixed, int(self.nbytes[k]), base, keep)
                     either += [term] if term else []
-            points.append(PeakPoint(base, keep, tuple(either), when, time))
-        return merged_points(points)
+            yield PeakPoint(base, keep, tuple(either), when, time)
 
     def _state(self, k: int, time: float) -> tuple[int, int]:
         """What storage ``k`` adds at ``time`` to a point without a fixed candidate: (base, coefficient)."""
