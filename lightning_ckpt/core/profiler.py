@@ -354,12 +354,11 @@ def _saved_at_calls(storages: tuple[SavedStorage, ...], starts: list[tuple[int, 
     held = held_at(plain, nbytes, [seq for seq, _, _ in starts]).tolist()
     involving: dict[str, list[int]] = collections.defaultdict(list)
     for k, storage in enumerate(storages):
-        for name in {owner for owner, _ in storage.saves if owner is not None} | {
-            n for n, _ in storage.inputs
-        }:
+        names = {owner for owner, _ in storage.saves} | {name for name, _ in storage.inputs}
+        for name in names - {None}:
             involving[name].append(k)
     alone: dict[str, list[tuple[float, float, int]]] = {}  # (start plain, start with it checkpointed, bytes)
-    for (seq, name, _), index in zip(starts, range(len(starts)), strict=True):
+    for index, (seq, name, _) in enumerate(starts):
         if name not in alone:
             alone[name] = [
                 (plain[k], alive_from(storages[k], (name,)), int(nbytes[k])) for k in involving[name]
