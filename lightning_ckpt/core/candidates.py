@@ -12,6 +12,10 @@ Rules:
   name matches a target as a glob.
 - Overlaps: when a module and one of its descendants both match, the outermost wins (checkpointing it
   already recomputes the descendant); the dropped descendants are logged.
+- Shared modules: a module registered under two names (``ModuleList([layer] * n)``, the same block listed
+  twice, an attribute alias) is one candidate, under its first name in ``named_modules()`` order; the
+  other names are logged. Descent is by identity too: a module inside a candidate under any name is
+  dropped. (A shared block that runs more than once per forward is then left out by the profiler.)
 - Norms with running statistics (BatchNorm) are safe: the recomputation leaves their statistics as the
   forward left them (see :func:`lightning_ckpt.core.wrapping.running_stats_frozen`).
 """
@@ -31,6 +35,7 @@ from lightning_ckpt.core.names import (
     outermost_matching,
     strip_wrapper_prefixes,
     stripped_modules,
+    within_any,
 )
 
 __all__ = ["as_target_list", "find_candidates"]
@@ -70,7 +75,7 @@ def find_candidates(model: nn.Module, targets: Sequence[str] | None = None) -> l
         names = _repeated_blocks(model, modules)
     else:
         names = _outermost(model, _match_targets(model, modules, as_target_list(targets)))
-    return names
+    return _distinct_modules(model, modules, names)
 
 
 def as_target_list(targets: Sequence[str] | str) -> list[str]:
@@ -137,7 +142,8 @@ def _match_targets(model: nn.Module, modules: dict[str, nn.Module], targets: lis
                 f"`targets` entry {target!r} matches no module (class name or qualified-name glob); "
                 f"modules include {example_names(model)}"
             )
-        matched += [name for name in hits if name not in matched]
+        seen = set(matched)
+        matched += [name for name in hits if name not in seen]
     order = {name: index for index, name in enumerate(modules)}
     return sorted(matched, key=order.__getitem__)
 
@@ -151,15 +157,43 @@ def _say_once(model: nn.Module, message: str) -> None:
 
 
 def _outermost(model: nn.Module, names: list[str]) -> list[str]:
-    kept: list[str] = []
+    kept: dict[str, None] = {}
     for name in names:  # sorted in named_modules() order: ancestors come before descendants
-        ancestor = next((outer for outer in kept if name.startswith(outer + ".")), None)
+        ancestor = within_any(name, kept)
         if ancestor is None:
-            kept.append(name)
+            kept[name] = None
         else:
             _say_once(
                 model,
                 f"AutoCheckpoint candidate {name!r} dropped: its ancestor {ancestor!r} is a candidate too"
                 " (outermost wins)",
             )
-    return kept
+    return list(kept)
+
+
+def _distinct_modules(model: nn.Module, modules: dict[str, nn.Module], names: list[str]) -> list[str]:
+    """One name per module (the first), and none for a module inside another candidate under another name:
+    a shared module is one candidate, wrapped once and counted once."""
+    names_of: dict[int, list[str]] = {}
+    for name in names:
+        names_of.setdefault(id(modules[name]), []).append(name)
+    for first, *others in (aliases for aliases in names_of.values() if len(aliases) > 1):
+        _say_once(
+            model,
+            f"AutoCheckpoint candidate {first!r} is also registered as {', '.join(map(repr, others))} (one"
+            " shared module): it is one candidate",
+        )
+    kept = [aliases[0] for aliases in names_of.values()]
+    outer_of = {id(inner): name for name in kept for inner in _descendants(modules[name])}
+    for name in kept:
+        if id(modules[name]) in outer_of:
+            _say_once(
+                model,
+                f"AutoCheckpoint candidate {name!r} dropped: it is inside candidate"
+                f" {outer_of[id(modules[name])]!r} under another name (outermost wins)",
+            )
+    return [name for name in kept if id(modules[name]) not in outer_of]
+
+
+def _descendants(module: nn.Module) -> list[nn.Module]:
+    return [inner for inner in module.modules() if inner is not module]

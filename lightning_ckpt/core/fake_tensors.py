@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lightning_ckpt._compat import FakeTensorMode, default_foreach, reparametrize_module, tree_map_only
+from lightning_ckpt._compat import FakeTensorMode, default_foreach, tree_map_only
 from lightning_ckpt.core.storage import LiveStorageTracker
 
 __all__ = ["FakeModel", "fake_model", "optimizer_step_extra_bytes"]
@@ -42,7 +42,9 @@ class FakeModel:
 def fake_model(model: nn.Module) -> Iterator[FakeModel]:
     """Inside the block, ``model``'s parameters and buffers are fake and ``FakeTensorMode`` is on.
 
-    Tied weights stay tied; the real tensors, their gradients and the model's buffers are untouched.
+    Tied weights stay tied and a module registered under two names is swapped once; the real tensors,
+    their gradients and the model's buffers are untouched, and each is put back in its place on exit,
+    also when the block raises.
 
     Example:
         >>> model = nn.Linear(1024, 1024)
@@ -54,11 +56,42 @@ def fake_model(model: nn.Module) -> Iterator[FakeModel]:
         'Parameter'
     """
     mode = FakeTensorMode()
-    named = dict(model.named_parameters(remove_duplicate=False))
-    named |= dict(model.named_buffers(remove_duplicate=False))
-    twins = {id(tensor): mode.from_tensor(tensor) for tensor in named.values()}
-    with reparametrize_module(model, {name: twins[id(t)] for name, t in named.items()}), mode:
+    slots = _tensor_slots(model)
+    twins: dict[int, torch.Tensor] = {}
+    for _, _, tensor in slots:  # a tensor in two slots (tied weights) gets one twin
+        if id(tensor) not in twins:
+            twins[id(tensor)] = mode.from_tensor(tensor)
+    with _swapped(slots, twins), mode:
         yield FakeModel(mode, twins)
+
+
+_Slot = tuple[dict[str, Any], str, torch.Tensor]
+"""A module's ``_parameters`` or ``_buffers`` table, a key of it, and the real tensor it holds."""
+
+
+def _tensor_slots(model: nn.Module) -> list[_Slot]:
+    """Every parameter and buffer slot of ``model``, once per module: a module registered under two names
+    (``ModuleList([layer] * n)``, an attribute alias) has its slots listed once, not once per name."""
+    return [
+        (table, key, tensor)
+        for module in model.modules()  # unique modules, by identity
+        for table in (module._parameters, module._buffers)
+        for key, tensor in table.items()
+        if tensor is not None
+    ]
+
+
+@contextlib.contextmanager
+def _swapped(slots: list[_Slot], twins: dict[int, torch.Tensor]) -> Iterator[None]:
+    """Each slot holds its tensor's twin inside the block; after it, the very tensor it held before, put
+    back exactly once, whatever the block (or the swap itself) raised."""
+    try:
+        for table, key, tensor in slots:
+            table[key] = twins[id(tensor)]
+        yield
+    finally:
+        for table, key, tensor in slots:
+            table[key] = tensor
 
 
 def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel) -> int:

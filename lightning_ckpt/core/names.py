@@ -32,9 +32,18 @@ def strip_wrapper_prefixes(name: str) -> str:
 
 
 def stripped_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """Map each stripped name to its innermost module (the user's module, not the wrapper around it)."""
+    """Map each stripped name to its innermost module (the user's module, not the wrapper around it).
+
+    Every name a module is registered under is a key: a module shared by two names (an alias, or
+    ``ModuleList([layer] * n)``) is reached by each of them.
+
+    Example:
+        >>> layer = nn.Linear(1, 1)
+        >>> sorted(stripped_modules(nn.ModuleList([layer, layer])))
+        ['', '0', '1']
+    """
     modules: dict[str, nn.Module] = {}
-    for name, module in model.named_modules():
+    for name, module in model.named_modules(remove_duplicate=False):
         modules[strip_wrapper_prefixes(name)] = module  # named_modules yields outer before inner
     return modules
 
@@ -51,11 +60,31 @@ def outermost_matching(
         ['0']
     """
     names: list[str] = []
+    accepted: set[str] = set()
     for name, module in named:
-        inside = "" in names or any(name.startswith(f"{outer}.") for outer in names)
-        if not inside and wanted(name, module):
+        if not within_any(name, accepted) and wanted(name, module):
             names.append(name)
+            accepted.add(name)
     return names
+
+
+def within_any(name: str, outers: set[str] | dict[str, object]) -> str | None:
+    """The name in ``outers`` that ``name`` lies strictly inside (``""`` is the root), or None: one look-up
+    per dotted prefix of ``name``, whatever the number of ``outers``.
+
+    Example:
+        >>> within_any("h.0.mlp.fc", {"h.0", "h.1"}), within_any("h.10", {"h.1"})
+        ('h.0', None)
+    """
+    if "" in outers and name:
+        return ""
+    end = name.rfind(".")
+    while end > 0:
+        prefix = name[:end]
+        if prefix in outers:
+            return prefix
+        end = name.rfind(".", 0, end)
+    return None
 
 
 def resolve_modules(model: nn.Module, names: Iterable[str], argument: str = "names") -> dict[str, nn.Module]:

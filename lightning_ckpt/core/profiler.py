@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -32,7 +33,7 @@ from lightning_ckpt._compat import FakeTensor, tree_leaves
 from lightning_ckpt.core.fsdp2 import iteration_state_reset
 from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
-from lightning_ckpt.core.memory.timeline import alive_bytes
+from lightning_ckpt.core.memory.timeline import alive_bytes, alive_from, held_at
 from lightning_ckpt.core.names import resolve_modules
 from lightning_ckpt.core.profile_types import (
     COSTS,
@@ -72,8 +73,8 @@ def profile_step(
             :func:`lightning_ckpt.core.memory.optimizer.estimate_optimizer_bytes`).
 
     Raises:
-        ValueError: bad ``cost``, unknown candidate names, ``cost="time"`` on fake tensors, checkpointed
-            modules, or a ``step_fn`` that does not return a loss that requires grad.
+        ValueError: bad ``cost``, unknown candidate names, two names of one (shared) module, ``cost="time"``
+            on fake tensors, checkpointed modules, or a ``step_fn`` that does not return a loss that requires grad.
 
     Example:
         >>> import torch
@@ -91,6 +92,7 @@ def profile_step(
     if cost not in COSTS:
         raise ValueError(f"`cost` must be one of {COSTS}, got {cost!r}")
     modules = resolve_modules(model, candidates, argument="candidates")
+    _refuse_aliases(modules)
     if cost == "time" and any(isinstance(p, FakeTensor) for p in model.parameters()):
         raise ValueError(
             '`cost` must be "flops" when the model has fake tensors (nothing to time), got "time"'
@@ -148,6 +150,17 @@ def _left_out(recorder: Recorder) -> list[str]:
             stacklevel=3,
         )
     return repeated + recomputed
+
+
+def _refuse_aliases(modules: dict[str, nn.Module]) -> None:
+    first: dict[int, str] = {}
+    for name, module in modules.items():
+        same = first.setdefault(id(module), name)
+        if same != name:
+            raise ValueError(
+                "`candidates` must name distinct modules (a shared module is one candidate, see"
+                f" `find_candidates`), got {same!r} and {name!r} for one module"
+            )
 
 
 def _refuse_checkpointed(model: nn.Module) -> None:
@@ -281,13 +294,12 @@ def _build_profile(sizes: ModelSizes, recorder: Recorder, seconds: dict[str, flo
         SavedStorage(row.nbytes, tuple(row.saves), tuple(row.inputs), row.forward_cached)
         for row in recorder.saved_rows()
     )
+    saved, taken, other = _bytes_by_candidate(storages)
     modules = tuple(
         ModuleProfile(
             name=name,
-            activation_bytes=_bytes_where(
-                storages, lambda s, n=name: any(owner == n for owner, _ in s.saves)
-            ),
-            input_bytes=_bytes_where(storages, lambda s, n=name: any(c == n for c, _ in s.inputs)),
+            activation_bytes=saved.get(name, 0),
+            input_bytes=taken.get(name, 0),
             recompute_seconds=seconds[name],
             flops=int(recorder.flops[name]),
             recompute_extra_bytes=int(recorder.recompute_extra[name]),
@@ -298,15 +310,27 @@ def _build_profile(sizes: ModelSizes, recorder: Recorder, seconds: dict[str, flo
     return StepProfile(
         modules=modules,
         static=single_device_static(sizes),
-        other_activation_bytes=_bytes_where(storages, lambda s: any(owner is None for owner, _ in s.saves)),
+        other_activation_bytes=other,
         backward_extra_bytes=max((phase.extra_bytes for phase in phases), default=0),
         storages=storages,
         phases=phases,
     )
 
 
-def _bytes_where(storages: tuple[SavedStorage, ...], keep: Callable[[SavedStorage], bool]) -> int:
-    return sum(storage.nbytes for storage in storages if keep(storage))
+def _bytes_by_candidate(storages: tuple[SavedStorage, ...]) -> tuple[dict[str, int], dict[str, int], int]:
+    """In one pass over the storages: per candidate, the bytes of the storages it saves and of those it
+    takes as inputs (each storage once per candidate), and the bytes saved outside every candidate."""
+    saved: collections.Counter[str] = collections.Counter()
+    taken: collections.Counter[str] = collections.Counter()
+    other = 0
+    for storage in storages:
+        owners = {owner for owner, _ in storage.saves}
+        other += storage.nbytes if None in owners else 0
+        for owner in owners - {None}:
+            saved[owner] += storage.nbytes
+        for name in {name for name, _ in storage.inputs}:
+            taken[name] += storage.nbytes
+    return dict(saved), dict(taken), other
 
 
 def _checkpointed_forwards(
@@ -314,12 +338,34 @@ def _checkpointed_forwards(
 ) -> tuple[BackwardPhase, ...]:
     """One phase per candidate call, counted only when the candidate is checkpointed: what is live when
     the call starts (its inputs kept, nothing of it saved) plus its no-grad forward's working set."""
-    phases = []
-    for seq, name, live in starts:
-        saved = int(alive_bytes(storages, [seq], checkpointed={name})[0])
-        extra = live - saved + working[name]
-        phases.append(BackwardPhase(seq, name, extra, forward=True, if_checkpointed=True))
-    return tuple(phases)
+    saved = _saved_at_calls(storages, starts)
+    return tuple(
+        BackwardPhase(seq, name, live - held + working[name], forward=True, if_checkpointed=True)
+        for (seq, name, live), held in zip(starts, saved, strict=True)
+    )
+
+
+def _saved_at_calls(storages: tuple[SavedStorage, ...], starts: list[tuple[int, str, int]]) -> list[int]:
+    """For each call ``(seq, name, _)``, the saved bytes alive at ``seq`` with ``name`` alone checkpointed
+    (``alive_bytes(storages, [seq], checkpointed={name})``): the bytes alive with nothing checkpointed,
+    corrected on the storages ``name`` saves or takes only, so the whole is near-linear in the storages
+    (one sort), not calls x storages."""
+    nbytes = np.array([storage.nbytes for storage in storages], dtype=np.int64)
+    plain = np.array([alive_from(storage, ()) for storage in storages], dtype=np.float64)
+    held = held_at(plain, nbytes, [seq for seq, _, _ in starts]).tolist()
+    involving: dict[str, list[int]] = collections.defaultdict(list)
+    for k, storage in enumerate(storages):
+        names = {owner for owner, _ in storage.saves} | {name for name, _ in storage.inputs}
+        for name in names - {None}:
+            involving[name].append(k)
+    alone: dict[str, list[tuple[float, float, int]]] = {}  # (start plain, start with it checkpointed, bytes)
+    for index, (seq, name, _) in enumerate(starts):
+        if name not in alone:
+            alone[name] = [
+                (plain[k], alive_from(storages[k], (name,)), int(nbytes[k])) for k in involving[name]
+            ]
+        held[index] += sum(size * (int(new <= seq) - int(old <= seq)) for old, new, size in alone[name])
+    return [int(value) for value in held]
 
 
 _HEAD = "head"  # the phase from the call of backward() to its first unpack of a saved tensor

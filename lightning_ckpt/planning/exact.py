@@ -81,8 +81,11 @@ def keep_more_that_fits(
 ) -> np.ndarray:
     """``kept`` (a mask, profile order) and, most valuable first, every other candidate whose keeping
     still fits ``budget_bytes`` (the room the rounding to quanta left)."""
-    kept = kept.copy()
+    kept, matrix = kept.copy(), peak.matrix
+    totals = matrix.totals(kept)
     for i in sorted(np.flatnonzero(~kept).tolist(), key=lambda i: (-values[i], i)):
         kept[i] = True
-        kept[i] = peak.matrix.peak(kept) <= budget_bytes
+        trial = matrix.totals(kept) if matrix.either else totals + matrix.keep[:, i]  # one column: O(points)
+        kept[i] = bool(trial[matrix.applies(kept)].max() <= budget_bytes)
+        totals = trial if kept[i] else totals
     return kept

@@ -78,39 +78,59 @@ def prefix_form(points: tuple[PeakPoint, ...], matrix: PointMatrix | None = None
     weights = keep.max(axis=0, initial=0)
     if matrix.either or (keep < 0).any() or ((keep != 0) & (keep != weights)).any():
         return None
-    grouped = _grouped(matrix)
-    chain = sorted({frozenset(), *(members for members, _, _ in grouped)}, key=len)
-    if any(not small < big for small, big in zip(chain[:-1], chain[1:], strict=True)):
+    sets, grouped = _grouped(matrix)
+    chain = _chain(sets)
+    if chain is None:
         return None
-    order = _order(grouped, chain, keep.shape[1])
+    layers = [
+        np.flatnonzero(sets[big] & ~sets[small]).tolist()
+        for small, big in zip(chain[:-1], chain[1:], strict=True)
+    ]
+    order = _order(grouped, chain, layers, keep.shape[1])
     if order is None:
         return None
-    return _bases(grouped, order, weights, chain)
+    return _bases(grouped, sets, order, weights, chain)
 
 
-def _grouped(matrix: PointMatrix) -> list[tuple[frozenset[int], tuple[int, bool] | None, int]]:
-    """The points as (set of candidates with a weight, condition, largest base), one per distinct pair."""
-    if not len(matrix.base):
-        return []
-    rows, set_index = np.unique(matrix.keep != 0, axis=0, return_inverse=True)
-    sets = [frozenset(np.flatnonzero(row).tolist()) for row in rows]
+_Group = tuple[int, "tuple[int, bool] | None", int]
+"""(index of the set of candidates with a weight, condition, largest base)."""
+
+
+def _grouped(matrix: PointMatrix) -> tuple[list[np.ndarray], list[_Group]]:
+    """The distinct sets of candidates with a weight (boolean masks; the empty set first), and the points
+    as one group per distinct (set, condition), with the largest base. Sets are told apart by their packed
+    bits (a hash each: no sort of points x candidates)."""
+    nonzero = matrix.keep != 0
+    empty = np.zeros(matrix.keep.shape[1], dtype=np.bool_)
+    index_of: dict[bytes, int] = {np.packbits(empty).tobytes(): 0}
+    sets = [empty]
     groups: dict[tuple[int, tuple[int, bool] | None], int] = {}
-    columns = (
-        set_index.ravel().tolist(),
-        matrix.when_index.tolist(),
-        matrix.when_kept.tolist(),
-        matrix.base.tolist(),
-    )
-    for index, when_index, when_kept, base in zip(*columns, strict=True):
-        key = (index, None if when_index < 0 else (when_index, when_kept))
-        groups[key] = max(groups.get(key, base), base)
-    return [(sets[index], when, base) for (index, when), base in groups.items()]
+    columns = (matrix.when_index.tolist(), matrix.when_kept.tolist(), matrix.base.tolist())
+    for row, (when_index, when_kept, base) in enumerate(zip(*columns, strict=True)):
+        key = np.packbits(nonzero[row]).tobytes()
+        index = index_of.setdefault(key, len(sets))
+        if index == len(sets):
+            sets.append(nonzero[row])
+        group = (index, None if when_index < 0 else (when_index, when_kept))
+        groups[group] = max(groups.get(group, base), base)
+    return sets, [(index, when, base) for (index, when), base in groups.items()]
 
 
-def _order(grouped, chain, n: int) -> list[int] | None:
+def _chain(sets: list[np.ndarray]) -> list[int] | None:
+    """The set indices from the smallest set to the largest, or None if each is not inside the next."""
+    chain = sorted(range(len(sets)), key=lambda index: int(sets[index].sum()))
+    sizes = [int(sets[index].sum()) for index in chain]
+    if any(small >= big for small, big in zip(sizes[:-1], sizes[1:], strict=True)):
+        return None
+    if any((sets[small] & ~sets[big]).any() for small, big in zip(chain[:-1], chain[1:], strict=True)):
+        return None
+    return chain
+
+
+def _order(grouped: list[_Group], chain: list[int], layers: list[list[int]], n: int) -> list[int] | None:
     """Candidates along the chain, each conditional candidate right after its point's set."""
     level = {members: k for k, members in enumerate(chain)}
-    layer_of = {m: k for k in range(1, len(chain)) for m in chain[k] - chain[k - 1]}
+    layer_of = {m: k + 1 for k, layer in enumerate(layers) for m in layer}
     slot: dict[int, int] = {}  # conditional candidate -> the chain level it must follow
     for members, when, _ in grouped:
         if when is not None and slot.setdefault(when[0], level[members]) != level[members]:
@@ -123,22 +143,26 @@ def _order(grouped, chain, n: int) -> list[int] | None:
     for k in range(len(chain)):
         order += sorted(m for m, at in slot.items() if at == k and m not in layer_of)  # weightless
         if k + 1 < len(chain):
-            layer = sorted(chain[k + 1] - chain[k], key=lambda m: (m != firsts.get(k), m))
-            order += layer
-    return order + sorted(set(range(n)) - set(order))
+            order += sorted(layers[k], key=lambda m: (m != firsts.get(k), m))
+    placed = set(order)
+    return order + [m for m in range(n) if m not in placed]
 
 
-def _bases(grouped, order: list[int], weights: np.ndarray, chain) -> PrefixForm:
+def _bases(
+    grouped: list[_Group], sets: list[np.ndarray], order: list[int], weights: np.ndarray, chain
+) -> PrefixForm:
     """The largest base binding each item's take and skip capacity, and the total's."""
-    position = {m: j for j, m in enumerate(order)}
+    position = np.empty(len(order), dtype=np.int64)
+    position[order] = np.arange(len(order))
     take, skip = [NO_BOUND] * len(order), [NO_BOUND] * len(order)
     total = NO_BOUND
+    after_set = [int(position[mask].max(initial=-1)) + 1 for mask in sets]  # the first item past each set
     for members, when, base in grouped:
         if when is not None:
             bound = take if when[1] else skip
             bound[position[when[0]]] = max(bound[position[when[0]]], base)
             continue
-        after = max((position[m] for m in members), default=-1) + 1  # the first item past the set
+        after = after_set[members]
         if members == chain[-1]:
             total = max(total, base)
         elif after < len(order):

@@ -27,7 +27,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -104,13 +106,21 @@ class PointMatrix:
 
     def peak(self, kept: np.ndarray) -> int:
         """The peak for one kept mask (profile order)."""
+        return int(self.totals(kept)[self.applies(kept)].max())
+
+    def totals(self, kept: np.ndarray) -> np.ndarray:
+        """Each point's bytes for the kept mask (whether or not it applies)."""
         totals = self.base + self.keep @ kept.astype(np.int64)
         for row, (literals, nbytes) in self.either:
             totals[row] += nbytes if any(kept[m] == k for m, k in literals) else 0
+        return totals
+
+    def applies(self, kept: np.ndarray) -> np.ndarray:
+        """Whether each point counts for the kept mask."""
         conditional = self.when_index >= 0
         applies = ~conditional
         applies[conditional] = kept[self.when_index[conditional]] == self.when_kept[conditional]
-        return int(totals[applies].max())
+        return applies
 
 
 def peak_points(profile: StepProfile, *, zero_grad: ZeroGrad | None = None) -> tuple[PeakPoint, ...]:
@@ -187,45 +197,104 @@ class _StorageTable:
             self.taken[k] = earliest.get((m, False), np.nan)
 
     def points(self, specs: list) -> list[PeakPoint]:
-        """The points of ``(time, fixed candidate, base, when, forward)`` specs, all at once (rows x
-        storages)."""
-        times = np.array([spec[0] for spec in specs], dtype=np.float64)[:, None]
-        forward = np.array([spec[4] for spec in specs], dtype=bool)[:, None]
-        fixed = np.array([-3 if spec[1] is None else spec[1][0] for spec in specs])[:, None]
-        fixed_kept = np.array([spec[1] is not None and spec[1][1] for spec in specs])[:, None]
+        """The points of ``(time, fixed candidate, base, when, forward)`` specs, identical ones merged
+        (:func:`merged_points`).
+
+        One sweep in time order: the base and the coefficients that the storages give a point with no
+        fixed candidate change only at the storages' own events (a save outside the candidates, a save by
+        its candidate, its candidate's call), so they are updated event by event; a point with a fixed
+        candidate then corrects for that candidate's own storages. The work is the events plus, per point,
+        its fixed candidate's storages and one copy of the coefficients (the output): no points x storages.
+        The forward's points sweep apart from the backward's, because there an autocast cast that
+        ``torch.autocast``'s cache holds is held from its first save (:attr:`cached`).
+        """
+        own: dict[int, list[int]] = {}
+        for k in np.flatnonzero(self.owner >= 0).tolist():
+            own.setdefault(int(self.owner[k]), []).append(k)
         with np.errstate(invalid="ignore"):
-            saved, taken, always = self.saved <= times, self.taken <= times, self.always <= times
-            always |= forward & (self.cached <= times)
-        owned = self.owner >= 0
-        is_fixed = self.owner == fixed
-        fixed_held = np.where(fixed_kept, saved, taken) & is_fixed
-        held = always | fixed_held | (saved & taken & owned)
-        free = ~held & ~is_fixed & owned
-        plus, minus = free & saved & ~taken, free & taken & ~saved
-        signed = np.where(plus, self.nbytes, 0) - np.where(minus, self.nbytes, 0)
-        keep = _sum_by_owner(signed, self.owner, self.n)
-        bases = np.where(held | minus, self.nbytes, 0).sum(axis=1)
-        points = []
-        for row, (time, fixed_one, base, when, _) in enumerate(specs):
-            base += int(bases[row])
+            forward_always = np.fmin(self.always, self.cached)
+        swept = []
+        for forward, always in ((True, forward_always), (False, self.always)):
+            chosen = [spec for spec in specs if bool(spec[4]) == forward]
+            swept += list(self._swept(chosen, own, always))
+        return merged_points(swept)
+
+    def _swept(self, specs: list, own: dict[int, list[int]], always: np.ndarray) -> Iterator[PeakPoint]:
+        """The points, one at a time in time order, a storage ``k`` held whatever is checkpointed from
+        ``always[k]`` on."""
+        events = self._events(always)
+        base_now, keep_now, next_event = 0, _zeros(self.n), 0
+        for time, fixed, base, when, _ in sorted(specs, key=lambda spec: spec[0]):
+            while next_event < len(events) and events[next_event][0] <= time:
+                _, d_base, m, d_keep = events[next_event]
+                base_now += d_base
+                if d_keep:
+                    keep_now[m] += d_keep
+                next_event += 1
+            keep = keep_now.copy()
+            base += base_now
+            if fixed is not None:
+                base += self._fixed_correction(own.get(fixed[0], ()), time, fixed[1], always)
+                keep[fixed[0]] = 0
             either: list[tuple[tuple[Literal, ...], int]] = []
             for k, earliest in self.several:
-                if not always[row, k]:  # else counted in ``held`` already
-                    base, term = _either(earliest, time, fixed_one, int(self.nbytes[k]), base, keep[row])
+                if not always[k] <= time:  # else in the base already
+                    base, term = _either(earliest, time, fixed, int(self.nbytes[k]), base, keep)
                     either += [term] if term else []
-            points.append(PeakPoint(base, keep[row], tuple(either), when, time))
-        return points
+            yield PeakPoint(base, keep, tuple(either), when, time)
+
+    def _state(self, k: int, time: float, always: np.ndarray) -> tuple[int, int]:
+        """What storage ``k`` adds at ``time`` to a point without a fixed candidate: (base, coefficient)."""
+        nbytes = int(self.nbytes[k])
+        if always[k] <= time:
+            return nbytes, 0
+        if self.owner[k] < 0:
+            return 0, 0
+        saved, taken = bool(self.saved[k] <= time), bool(self.taken[k] <= time)
+        return nbytes * taken, nbytes * (saved - taken)  # kept: saved; checkpointed: its inputs kept
+
+    def _events(self, always: np.ndarray) -> list[tuple[float, int, int, int]]:
+        """(time, base change, candidate, coefficient change) at each event of each storage, in time order."""
+        events = []
+        for k in range(len(self.nbytes)):
+            times = sorted({t for t in (always[k], self.saved[k], self.taken[k]) if not math.isnan(t)})
+            before = (0, 0)
+            for time in times:
+                now = self._state(k, time, always)
+                events.append((time, now[0] - before[0], max(int(self.owner[k]), 0), now[1] - before[1]))
+                before = now
+        events.sort(key=lambda event: event[0])
+        return events
+
+    def _fixed_correction(self, storages, time: float, kept: bool, always: np.ndarray) -> int:
+        """The base change when the fixed candidate's own storages are held as its being recomputed holds
+        them (kept: what it saved; checkpointed: its inputs) rather than as in :meth:`_state`."""
+        correction = 0
+        for k in storages:
+            held = always[k] <= time or (self.saved[k] if kept else self.taken[k]) <= time
+            correction += int(self.nbytes[k]) * bool(held) - self._state(k, time, always)[0]
+        return correction
 
 
-def _sum_by_owner(signed: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
-    """Per row, the sum of ``signed`` over the storages of each candidate (rows x candidates, int64)."""
-    keep = np.zeros((len(signed), n), dtype=np.int64)
-    owned = np.flatnonzero(owner >= 0)
-    if len(owned):
-        order = owned[np.argsort(owner[owned], kind="stable")]
-        groups, starts = np.unique(owner[order], return_index=True)
-        keep[:, groups] = np.add.reduceat(signed[:, order], starts, axis=1)
-    return keep
+def merged_points(points: Iterable[PeakPoint]) -> list[PeakPoint]:
+    """The points with those of the same coefficients, either terms and condition merged into the one of
+    largest base (the same affine function: the others never set the peak), in order of first appearance.
+
+    A deep model's backward has a few points per block with one set of coefficients (the blocks before
+    it), so this keeps the points, and the matrix of their coefficients, a few rows per candidate.
+
+    Example:
+        >>> merged = merged_points([PeakPoint(5, np.array([1])), PeakPoint(9, np.array([1])), PeakPoint(7, np.array([2]))])
+        >>> [(p.base_bytes, p.keep_bytes.tolist()) for p in merged]
+        [(9, [1]), (7, [2])]
+    """
+    merged: dict[tuple, PeakPoint] = {}
+    for point in points:
+        key = (point.keep_bytes.tobytes(), point.either_bytes, point.when)
+        best = merged.get(key)
+        if best is None or point.base_bytes > best.base_bytes:
+            merged[key] = point if best is None else dataclasses.replace(best, base_bytes=point.base_bytes)
+    return list(merged.values())
 
 
 def _either(earliest, time, fixed, nbytes, base, keep) -> tuple[int, tuple | None]:
