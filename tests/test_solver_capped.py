@@ -58,7 +58,7 @@ def path(request, monkeypatch) -> SolverOptions:
         monkeypatch.setattr(capped, "SPARSE_MAX_ENTRIES", 0)
     if request.param == "dense compiled":
         pytest.importorskip("numba")
-        monkeypatch.setattr(backend, "NUMPY_MAX_CELLS", 0)
+        monkeypatch.setattr(backend, "NUMBA_LOAD_S", 0.0)
     splits = request.param in ("dense splits", "dense compiled")
     return SolverOptions(leaf_max_cells=0) if splits else SolverOptions()
 
@@ -200,7 +200,7 @@ def test_capped_kernels_stop_before_the_next_item_once_flagged(monkeypatch, comp
     and a task then raises ``SolveStopped``."""
     if compiled:
         pytest.importorskip("numba")
-        monkeypatch.setattr(backend, "NUMPY_MAX_CELLS", 0)
+        monkeypatch.setattr(backend, "NUMBA_LOAD_S", 0.0)
     stop = interrupt.new_stop_flag()
     stop[0] = 1
     weights, values = np.array([2, 3, 1]), np.array([1.0, 2.0, 0.5])
