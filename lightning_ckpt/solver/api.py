@@ -231,6 +231,8 @@ def _solve_with_caps(
 def _usable_workers(workers: int) -> int:
     """``workers``, capped (with a warning) at the CPUs this process may run on: its affinity set
     and cgroup CPU quota (``runtime.cpus.usable_cpus``, the rule the busy-CPU check uses too)."""
+    if workers <= 1:  # one process always fits (and small solves skip reading the cgroup file)
+        return workers
     usable = cpus.usable_cpus()
     if workers <= usable:
         return workers
