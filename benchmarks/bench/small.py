@@ -5,8 +5,9 @@ instances (n = 42-54, W up to 5,000), callback-sized capped ones (GPT-like block
 family P n = 300 at W = 1.4e8) and uncapped n = 300, W = 1e4. Each tree (this one, and ``--base``,
 a checkout of another commit) runs in its own child process, once with the numba kernels loaded
 first and once without (numpy until its work passes numba's load cost); rounds alternate the
-trees, and the table shows the best time per call (best of the calls that fit in 0.2 s) over the rounds, and the
-ratio base / this (above 1: this tree is faster). Instances are made here and handed over in a file.
+trees, and the table shows the best time per call (best of the calls that fit in 0.2 s) over the
+rounds, and the ratio base / this (above 1: this tree is faster). Instances are made here and
+handed over in a file.
 
 Example::
 
