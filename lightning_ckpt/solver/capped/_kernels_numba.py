@@ -88,18 +88,25 @@ def _forward_cells(f, w, v, t, s, skipped, taken, lo, hi):  # pragma: no cover -
 
 @_jit
 def backward(weights, values, take, skip, h, stop):  # pragma: no cover - compiled
+    """The backward profile, last item first, each in one upward sweep (a cell's source ``h[x + w]``
+    lies above it, unwritten yet) cut where the caps start to bind, so each piece is branch-free."""
     top = len(h) - 1
     for j in range(len(weights) - 1, -1, -1):
         if stop[0] != 0:
             return
         w, v, t, s = weights[j], values[j], take[j], skip[j]
-        for x in range(top + 1):
-            best = h[x] if x <= s else -np.inf
-            if x <= t and x + w <= top:
-                candidate = h[x + w] + v
-                if candidate > best:
-                    best = candidate
-            h[x] = best
+        skip_end = min(max(s + 1, 0), top + 1)  # cells below it may skip the item
+        take_end = min(max(min(t, top - w) + 1, 0), top + 1)  # cells below it may take it
+        first, second = min(skip_end, take_end), max(skip_end, take_end)
+        for x in range(first):
+            candidate, best = h[x + w] + v, h[x]
+            h[x] = candidate if candidate > best else best
+        if skip_end < take_end:  # must take it
+            for x in range(first, second):
+                h[x] = h[x + w] + v
+        # else: cells first..second - 1 may only skip it, and keep their value
+        for x in range(second, top + 1):
+            h[x] = -np.inf
 
 
 @_jit
