@@ -18,6 +18,7 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 from lightning_ckpt.solver import SolverOptions, solve_knapsack  # noqa: E402
+from lightning_ckpt.solver.runtime import backend  # noqa: E402
 from lightning_ckpt.solver.runtime import workers as solver_workers  # noqa: E402
 
 # workers on small solves too, and no sparse try (it would answer them in this process)
@@ -44,7 +45,8 @@ def main() -> None:
     workers = int(sys.argv[1])
     small = instance(300, 30_000, seed=1)
     reference = solve_knapsack(*small)
-    solve_knapsack(*small, workers=workers, options=EAGER)  # workers started, kernel loaded
+    solve_knapsack(*small, workers=workers, options=EAGER)  # workers started
+    backend.load_numba()  # kernel loaded: a Ctrl-C waits for no import (small solves stay on numpy)
     before = solver_workers.live_worker_pids()
     print("ready", *before, flush=True)
     try:
@@ -79,7 +81,8 @@ def capped() -> None:
     small = instance(40, 3_000, seed=7)
     small_caps = {"prefix_capacities": small[2] - small[0], "method": "hirschberg"}
     reference = solve_knapsack(*small, prefix_capacities=small_caps["prefix_capacities"])
-    solve_knapsack(*small, **small_caps)  # the kernels loaded
+    solve_knapsack(*small, **small_caps)
+    backend.load_numba()  # the kernels loaded
     print("ready", flush=True)
     try:
         solve_knapsack(weights, values, capacity, method="hirschberg", **caps)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from lightning_ckpt.solver import SolverOptions, solve_knapsack
-from lightning_ckpt.solver.runtime import pool
+from lightning_ckpt.solver.runtime import cpus, pool
 from lightning_ckpt.solver.runtime import workers as solver_workers
 
 SCRIPT = Path(__file__).resolve().parent / "solver_fault_script.py"
@@ -288,6 +288,18 @@ def test_workers_are_capped_at_the_usable_cpus(monkeypatch):
         RuntimeWarning, match=r"`workers=64` is more than the 1 CPUs this process may use; using 1"
     ):
         result = solve_knapsack(weights, values, capacity, workers=64, options=EAGER)
+    assert result.stats.workers_used == 1 and result == solve_knapsack(weights, values, capacity)
+
+
+def test_workers_are_capped_at_the_cgroup_cpu_quota(monkeypatch, tmp_path):
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")  # 1.5 CPUs: one whole CPU for the solver
+    monkeypatch.setattr(cpus, "_CGROUP_CPU_MAX", cpu_max)
+    weights, values, capacity = _instance()
+    with pytest.warns(
+        RuntimeWarning, match=r"`workers=2` is more than the 1 CPUs this process may use; using 1"
+    ):
+        result = solve_knapsack(weights, values, capacity, workers=2, options=EAGER)
     assert result.stats.workers_used == 1 and result == solve_knapsack(weights, values, capacity)
 
 

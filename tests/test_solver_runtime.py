@@ -136,6 +136,33 @@ def test_a_kernel_module_that_fails_to_load_falls_back_to_numpy_with_one_warning
     assert len(caught) == 1
 
 
+def test_numba_loads_once_the_numpy_work_would_pass_its_load_cost(monkeypatch):
+    """The ski-rental rule: numpy while its estimated seconds so far, the call at hand included,
+    stay under ``NUMBA_LOAD_S``; numba for every engine from the call that passes it."""
+    pytest.importorskip("numba")
+    monkeypatch.setattr(backend, "KERNEL", "numba")
+    monkeypatch.setattr(backend, "_LOADED", {})
+    monkeypatch.setattr(backend, "_NUMPY_S", [0.0])
+    cells = int(0.45 * backend.NUMBA_LOAD_S / backend.NUMPY_S_PER_CELL[backend.DENSE_NUMBA])
+    assert backend.compiled(cells, backend.DENSE_NUMBA) is None  # 0.45 of the load cost
+    assert backend.compiled(cells, backend.DENSE_NUMBA) is None  # 0.9
+    assert backend.compiled(cells, backend.DENSE_NUMBA) is not None  # 1.35: numba pays from here
+    assert backend.compiled(1, backend.CAPPED_NUMBA) is not None  # and stays, small calls too
+
+
+def test_a_mid_sized_solve_in_a_fresh_process_stays_in_numpy():
+    """n = 200, W = 1e5 (2.3e7 cells, ~30 ms in numpy) does not pay numba's ~1.2 s load."""
+    from tests.test_solver_api import _run_python
+
+    code = (
+        "import sys, numpy as np; from lightning_ckpt.solver import solve_knapsack; "
+        "rng = np.random.default_rng(1); w = rng.integers(1000, 10_000, 200); "
+        "r = solve_knapsack(w, w * rng.uniform(0.9, 1.1, 200), 100_000, method='hirschberg'); "
+        "print(r.stats.cell_updates > 10_000_000, 'numba' in sys.modules)"
+    )
+    assert _run_python(code) == "True False"
+
+
 class _Sleeper:
     """A stand-in worker: a live process that never answers (``guard`` reads ``proc`` and
     ``fault`` and calls ``kill``)."""

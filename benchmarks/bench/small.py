@@ -4,9 +4,10 @@ What a caller that solves many small knapsacks pays per call: ``torch.compile``-
 instances (n = 42-54, W up to 5,000), callback-sized capped ones (GPT-like blocks n = 8 and 200,
 family P n = 300 at W = 1.4e8) and uncapped n = 300, W = 1e4. Each tree (this one, and ``--base``,
 a checkout of another commit) runs in its own child process, once with the numba kernels loaded
-first and once without (numpy until a large call loads numba); rounds alternate the trees, and the
-table shows the best time per call (best of the calls that fit in 0.2 s) over the rounds, and the
-ratio base / this (above 1: this tree is faster). Instances are made here and handed over in a file.
+first and once without (numpy until its work passes numba's load cost); rounds alternate the
+trees, and the table shows the best time per call (best of the calls that fit in 0.2 s) over the
+rounds, and the ratio base / this (above 1: this tree is faster). Instances are made here and
+handed over in a file.
 
 Example::
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from lightning_ckpt.solver import baselines
 from lightning_ckpt.solver.capped.solve import cap_violation, solve_capped
 from lightning_ckpt.solver.dense.solve import solve_uncapped
 from lightning_ckpt.solver.options import SolverOptions, resolve_options
-from lightning_ckpt.solver.runtime import interrupt
+from lightning_ckpt.solver.runtime import cpus, interrupt
 from lightning_ckpt.solver.runtime.backend import KERNEL
 from lightning_ckpt.solver.validate import validate_caps, validate_inputs
 
@@ -230,8 +229,11 @@ def _solve_with_caps(
 
 
 def _usable_workers(workers: int) -> int:
-    """``workers``, capped (with a warning) at the CPUs this process may run on."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """``workers``, capped (with a warning) at the CPUs this process may run on: its affinity set
+    and cgroup CPU quota (``runtime.cpus.usable_cpus``, the rule the busy-CPU check uses too)."""
+    if workers <= 1:  # one process always fits (and small solves skip reading the cgroup file)
+        return workers
+    usable = cpus.usable_cpus()
     if workers <= usable:
         return workers
     warnings.warn(

@@ -15,9 +15,8 @@ Infeasible entries are ``-inf``. Each item costs O(C) time; a profile is C + 1 f
 function takes an optional ``stop`` flag (``interrupt.new_stop_flag``), checked before each item:
 once it is set they return early, their profile unfinished, and the caller raises. The pure
 numpy versions here serve small calls without loading numba; ``_kernels_numba`` does the same
-arithmetic in compiled loops for large ones (bit-identical: one max of two sums per cell), for the
-backward profile and the leaves (the forward profile always runs here, in numpy).
-``runtime.backend`` chooses, with the same rule as the uncapped engine's.
+arithmetic in compiled loops for large ones (bit-identical: one max of two sums per cell), for all
+three passes. ``runtime.backend`` chooses, with the same rule as the uncapped engine's.
 
 Example:
     >>> f = np.zeros(6)  # items of weight 2 and 3, value 1 and 2; item 1 only if item 0 weighs <= 0
@@ -85,6 +84,10 @@ def forward(
 ) -> None:
     """Add the items, in order, to the forward profile ``f`` (start from zeros: the empty set)."""
     stop = _flag(stop)
+    compiled = backend.compiled(len(weights) * len(f), backend.CAPPED_NUMBA)
+    if compiled is not None:
+        compiled.forward(*_as_arrays(weights, values, take, skip), f, stop)
+        return
     for w, v, t, s in zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True):
         if stop[0]:
             return
