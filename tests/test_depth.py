@@ -4,6 +4,9 @@ timings), and the peak points' sweep equals the former points x storages matrix 
 from __future__ import annotations
 
 import math
+import resource
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -134,3 +137,24 @@ def test_the_sweep_equals_the_matrix_construction_on_random_storages(seed):
         for _ in range(60)
     ]
     assert _as_set(table.points(specs)) == _as_set(_matrix_points(table, specs))
+
+
+def _small_stack() -> None:
+    """In the child: a 512 KiB main-thread stack, where a 200-block fake profile's graph teardown dies."""
+    resource.setrlimit(resource.RLIMIT_STACK, (512 * 1024, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+
+
+def test_lightning_ckpt_plan_survives_a_graph_deeper_than_the_main_threads_stack():
+    """200 blocks under a 512 KiB stack stand for 3000 under the default 8 MiB (about 2.7 KiB per block):
+    without :func:`~lightning_ckpt.offline.stack.call_with_deep_stack` this exits with SIGSEGV."""
+    sets = [
+        *("model.init_args.n_layer=200", "model.init_args.n_embd=8", "model.init_args.n_head=1"),
+        *("model.init_args.block_size=16", "data.init_args.batch_size=2", "data.init_args.block_size=16"),
+    ]
+    command = [sys.executable, "-m", "lightning_ckpt.cli", "plan", "--config", "configs/gpt-cpu.yaml"]
+    command += [part for value in sets for part in ("--set", value)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, preexec_fn=_small_stack, check=False, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "transformer.h.199" in done.stdout

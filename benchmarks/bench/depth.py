@@ -66,7 +66,11 @@ def plan_depth(num_blocks: int) -> dict[str, float]:
 
 
 def _in_fresh_process(num_blocks: int) -> dict[str, float]:
-    code = f"import json; from benchmarks.bench.depth import plan_depth; print(json.dumps(plan_depth({num_blocks})))"
+    code = (
+        "import json; from benchmarks.bench.depth import plan_depth;"
+        " from lightning_ckpt.offline.stack import call_with_deep_stack;"
+        f" print(json.dumps(call_with_deep_stack(plan_depth, {num_blocks})))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(

@@ -53,13 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     """``lightning-ckpt plan``: print the offline plan (and write JSON); exit status 1 if it cannot plan."""
     args = _parser().parse_args(argv)
     from lightning_ckpt.offline.plan import plan_offline  # torch and lightning: after the arguments parse
+    from lightning_ckpt.offline.stack import call_with_deep_stack
 
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to ..."
     # "AutoCheckpoint candidates: ...", which the callback tells in training: here the table lists them
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     try:
         check_output_file("--json", args.json)
-        result = plan_offline(
+        result = call_with_deep_stack(  # a deep model's graph teardown recurses (offline/stack.py)
+            plan_offline,
             args.config,
             overrides=[part for pair in args.set for part in pair],
             budget_gb=args.budget_gb,
