@@ -23,7 +23,10 @@ def _middle_budget(model) -> int:
 
 @pytest.fixture
 def info_logs(caplog):
+    """INFO records, the callback's too (``rank_zero_info``, whose logger an in-process
+    ``lightning-ckpt plan`` earlier in the session may have set to WARNING)."""
     caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero")
     return caplog
 
 

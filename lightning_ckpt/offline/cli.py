@@ -52,12 +52,28 @@ def _override(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """``lightning-ckpt plan``: print the offline plan (and write JSON); exit status 1 if it cannot plan."""
     args = _parser().parse_args(argv)
+    quiet = [logging.getLogger(name) for name in _QUIET_LOGGERS]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.WARNING)
+    try:
+        return _plan(args)
+    finally:  # called in-process (a notebook, a test): the loggers as they were
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
+
+
+_QUIET_LOGGERS = (
+    "lightning.fabric.utilities.seed",  # "Seed set to ..."
+    # "AutoCheckpoint candidates: ...", which the callback tells in training: here the table lists them
+    "lightning.pytorch.utilities.rank_zero",
+)
+
+
+def _plan(args: argparse.Namespace) -> int:
     from lightning_ckpt.offline.plan import plan_offline  # torch and lightning: after the arguments parse
     from lightning_ckpt.offline.stack import call_with_deep_stack
 
-    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)  # "Seed set to ..."
-    # "AutoCheckpoint candidates: ...", which the callback tells in training: here the table lists them
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     try:
         check_output_file("--json", args.json)
         result = call_with_deep_stack(  # a deep model's graph teardown recurses (offline/stack.py)
