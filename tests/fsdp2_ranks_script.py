@@ -41,7 +41,7 @@ from fsdp2_script import ShardedGPT, StepRecorder  # noqa: E402
 
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
 from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
-from lightning_ckpt.testing import memory_cap  # noqa: E402
+from lightning_ckpt.testing import CountRestoredState, memory_cap  # noqa: E402
 
 WORLD, BATCH, STEPS = 4, 4, 4
 LENGTHS = (32, 24, 16, 28)  # rank r's sequence length
@@ -87,19 +87,21 @@ def probe(out_dir: Path) -> None:
 def fit(out_dir: Path, name: str, budget_bytes: int | None, ckpt_path: str | None = None) -> None:
     """One fit (see the module docstring); writes its facts."""
     recorder = StepRecorder()
-    callbacks: list = [recorder]
+    rank_model = model()
+    cap = memory_cap(budget_bytes or 10**12, model=rank_model)
+    callbacks: list = [recorder, CountRestoredState(cap)]  # the resume's loaded optimizer state counts
     callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9)
     callbacks += [callback] if callback else []
     checkpoints = ModelCheckpoint(dirpath=out_dir / "ckpt", every_n_epochs=1, save_top_k=-1)
     saving = name == "capped"
     L.seed_everything(0, verbose=False)
     trainer = trainer_for(callbacks + [checkpoints] * saving, enable_checkpointing=saving)
-    rank, live = trainer.global_rank, model()
+    rank, live = trainer.global_rank, rank_model
     facts: dict = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with memory_cap(budget_bytes or 10**12, model=live) as cap:
+            with cap:
                 trainer.fit(live, train_dataloaders=rank_loader(rank), ckpt_path=ckpt_path)
         except torch.OutOfMemoryError as error:
             (out_dir / f"{name}_oom{rank}.txt").write_text(f"step {trainer.global_step}: {error}")
