@@ -209,15 +209,6 @@ def composable_api_names(module: Any) -> list[str]:
     return list(_get_registry(module) or {})
 
 
-def reparametrize_module(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> Any:
-    """Context manager that swaps a module's parameters and buffers by name for the given tensors
-    (``torch.nn.utils.stateless._reparametrize_module``, what ``torch.func.functional_call`` uses;
-    torch 2.4-2.13). Unlike ``functional_call`` it lets any method run, ``training_step`` included."""
-    from torch.nn.utils.stateless import _reparametrize_module
-
-    return _reparametrize_module(module, tensors)
-
-
 def default_foreach(params: list[torch.Tensor]) -> bool:
     """Whether a torch optimizer left at ``foreach=None`` runs its foreach kernels on ``params``
     (``torch.optim.optimizer._default_to_fused_or_foreach``, torch 2.4-2.13): on CUDA yes, on CPU no."""
