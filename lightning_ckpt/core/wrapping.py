@@ -137,13 +137,21 @@ class _Checkpoint:
             _warn_compiled(module)
             return
         if self.replaying:
+            self.replay_started()
             return
-        region = None
-        if torch.is_grad_enabled():
-            # kwargs travel in the partial, never as the generator's own parameters (`debug`, `context_fn`)
-            region = checkpoint_region(functools.partial(self.replay, module, dict(kwargs)), *args)
-            next(region)
-        self.regions.append(region)
+        self.regions.append(self.open_region(module, args, kwargs) if torch.is_grad_enabled() else None)
+
+    def open_region(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Generator[None, None, None]:
+        """Open the checkpoint region of one call (a subclass opens it under a policy)."""
+        # kwargs travel in the partial, never as the generator's own parameters (`debug`, `context_fn`)
+        region = checkpoint_region(functools.partial(self.replay, module, dict(kwargs)), *args)
+        next(region)
+        return region
+
+    def replay_started(self) -> None:
+        """Called when backward's recomputation reaches the module's pre-hook (a subclass enters a mode)."""
 
     def finish(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         """Forward hook (also called when the forward raised): close the region; in a replay, stop it."""
@@ -183,8 +191,7 @@ def _warn_compiled(module: nn.Module) -> None:
     )
 
 
-def _wrap(module: nn.Module, name: str) -> None:
-    state = _Checkpoint(name)
+def _wrap(module: nn.Module, state: _Checkpoint) -> None:
     setattr(module, _STATE, state)  # first, so that `_unwrap` undoes a failure in between
     state.handles.append(module.register_forward_pre_hook(state.start, prepend=True, with_kwargs=True))
     state.handles.append(module.register_forward_hook(state.finish, prepend=True, always_call=True))
@@ -269,7 +276,7 @@ def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:
                 warnings.warn(f"module {name!r} is already checkpointed; not wrapping it twice", stacklevel=2)
                 continue
             wrapped.append(name)  # before `_wrap`, so that a failure inside it is undone too
-            _wrap(module, name)
+            _wrap(module, _Checkpoint(name))
     except BaseException:
         for name in wrapped:
             _unwrap(modules[name])

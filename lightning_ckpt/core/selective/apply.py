@@ -29,7 +29,6 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 import torch.nn as nn
 
 from lightning_ckpt._compat import checkpoint_region
@@ -57,23 +56,19 @@ class _SelectiveCheckpoint(wrapping._Checkpoint):
         self.pending: list[Any] = []  # the recomputation modes of the replays under way
         self.entered: list[Any] = []  # those entered by `start`, left by `finish`
 
-    def start(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Forward pre-hook: as :meth:`wrapping._Checkpoint.start`, with the policy's modes."""
-        if torch.compiler.is_compiling():
-            wrapping._warn_compiled(module)
-            return
-        if self.replaying:
-            if self.pending and len(self.entered) < len(self.pending):
-                self.pending[-1].__enter__()
-                self.entered.append(self.pending[-1])
-            return
-        region = None
-        if torch.is_grad_enabled():
-            caching, cached = self.policy.context_fn()
-            replay = functools.partial(self.replay_cached, cached, module, dict(kwargs))
-            region = checkpoint_region(replay, *args, context_fn=lambda: (caching, contextlib.nullcontext()))
-            next(region)
-        self.regions.append(region)
+    def replay_started(self) -> None:
+        """Enter the recomputation's mode of the replay under way (left by :meth:`finish`)."""
+        if self.pending and len(self.entered) < len(self.pending):
+            self.pending[-1].__enter__()
+            self.entered.append(self.pending[-1])
+
+    def open_region(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The checkpoint region of one call, its forward under the policy's caching mode."""
+        caching, cached = self.policy.context_fn()
+        replay = functools.partial(self.replay_cached, cached, module, dict(kwargs))
+        region = checkpoint_region(replay, *args, context_fn=lambda: (caching, contextlib.nullcontext()))
+        next(region)
+        return region
 
     def finish(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         """Forward hook: leave the recomputation's mode in a replay, then as the full checkpoint's."""
@@ -90,13 +85,6 @@ class _SelectiveCheckpoint(wrapping._Checkpoint):
             self.pending.pop()
             if len(self.entered) > len(self.pending):  # the forward hook did not run (an interrupt)
                 self.entered.pop().__exit__(None, None, None)
-
-
-def _wrap(module: nn.Module, name: str, policy: SelectivePolicy) -> None:
-    state = _SelectiveCheckpoint(name, policy)
-    setattr(module, wrapping._STATE, state)  # first, so that unwrapping undoes a failure in between
-    state.handles.append(module.register_forward_pre_hook(state.start, prepend=True, with_kwargs=True))
-    state.handles.append(module.register_forward_hook(state.finish, prepend=True, always_call=True))
 
 
 def selective_policy_of(module: nn.Module) -> SelectivePolicy | None:
@@ -135,7 +123,7 @@ def apply_selective_checkpointing(model: nn.Module, policies: Mapping[str, Selec
                 warnings.warn(f"module {name!r} is already checkpointed; not wrapping it twice", stacklevel=2)
                 continue
             wrapped.append(name)
-            _wrap(module, name, policies[name])
+            wrapping._wrap(module, _SelectiveCheckpoint(name, policies[name]))
     except BaseException:
         for name in wrapped:
             wrapping._unwrap(modules[name])
