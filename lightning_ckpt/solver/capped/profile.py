@@ -74,6 +74,16 @@ def _flag(stop: np.ndarray | None) -> np.ndarray:
     return new_stop_flag() if stop is None else stop
 
 
+def _ran_compiled(kernel: str, weights, values, take, skip, profile: np.ndarray, stop: np.ndarray) -> bool:
+    """Run the numba ``kernel`` ("forward" or "backward") on ``profile`` when the backend picks numba
+    for this many cells; whether it ran."""
+    compiled = backend.compiled(len(weights) * len(profile), backend.CAPPED_NUMBA)
+    if compiled is None:
+        return False
+    getattr(compiled, kernel)(*_as_arrays(weights, values, take, skip), profile, stop)
+    return True
+
+
 def forward(
     weights: np.ndarray,
     values: np.ndarray,
@@ -84,9 +94,7 @@ def forward(
 ) -> None:
     """Add the items, in order, to the forward profile ``f`` (start from zeros: the empty set)."""
     stop = _flag(stop)
-    compiled = backend.compiled(len(weights) * len(f), backend.CAPPED_NUMBA)
-    if compiled is not None:
-        compiled.forward(*_as_arrays(weights, values, take, skip), f, stop)
+    if _ran_compiled("forward", weights, values, take, skip, f, stop):
         return
     for w, v, t, s in zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True):
         if stop[0]:
@@ -111,9 +119,7 @@ def backward(
         [5.0, 5.0, 0.0, 0.0]
     """
     size, stop = len(h), _flag(stop)
-    compiled = backend.compiled(len(weights) * size, backend.CAPPED_NUMBA)
-    if compiled is not None:
-        compiled.backward(*_as_arrays(weights, values, take, skip), h, stop)
+    if _ran_compiled("backward", weights, values, take, skip, h, stop):
         return
     items = zip(weights.tolist(), values.tolist(), take.tolist(), skip.tolist(), strict=True)
     for w, v, t, s in reversed(list(items)):
