@@ -13,12 +13,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # torch 2.4-2.13
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily  # torch 2.4-2.13
 from torch.nn.modules.batchnorm import _NormBase  # torch 2.4-2.13: BatchNorm/InstanceNorm base
 from torch.utils._python_dispatch import (  # torch 2.4-2.13 (the last two: wrapper subclasses, DTensor)
     TorchDispatchMode,
@@ -44,6 +45,8 @@ __all__ = [
     "convert_precision",
     "default_foreach",
     "fsdp2_is_root",
+    "fsdp2_post_forward_mesh_getter",
+    "fsdp2_post_forward_mesh_infos",
     "fsdp_policy_classes",
     "give_device_mesh",
     "init_fake_process_group",
@@ -59,6 +62,7 @@ __all__ = [
     "tree_leaves",
     "tree_map_only",
     "tree_unflatten",
+    "unset_fake_temporarily",
 ]
 
 NormBase = _NormBase
@@ -102,6 +106,39 @@ def fsdp2_is_root(module: Any) -> bool:
     """Whether a ``fully_shard``-ed module is FSDP2's root, the one its iteration state lives on
     (``FSDPModule._get_fsdp_state()._is_root``, set by its first forward; torch 2.4-2.13)."""
     return bool(getattr(module._get_fsdp_state(), "_is_root", False))
+
+
+def fsdp2_post_forward_mesh_infos(module: Any) -> list[Any]:
+    """The meshes a ``fully_shard``-ed module's parameters are resharded to after its forward, where that
+    is not their own mesh (``reshard_after_forward`` an int): ``post_forward_mesh_info`` of each
+    ``FSDPParamGroup`` of ``FSDPModule._get_fsdp_state()`` (``_fsdp_param_groups``, torch 2.13;
+    ``_fsdp_param_group`` before)."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+    pairs = [(group.post_forward_mesh_info, group.mesh_info) for group in groups if group is not None]
+    return [post for post, own in pairs if post is not None and post is not own]
+
+
+@contextlib.contextmanager
+def fsdp2_post_forward_mesh_getter(wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """While the block runs, ``fully_shard`` gets the mesh that ``reshard_after_forward=int`` reshards to
+    from ``wrap(original)``: ``_get_post_forward_mesh_info(reshard_after_forward, mesh_info)`` of
+    ``torch.distributed.fsdp._fully_shard._fsdp_init``, which ``_fully_shard`` imports by name (both are
+    replaced; torch 2.6-2.13). Where torch lacks it, nothing is replaced."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_init, _fully_shard
+    except ImportError:
+        yield
+        return
+    modules = [m for m in (_fsdp_init, _fully_shard) if hasattr(m, "_get_post_forward_mesh_info")]
+    originals = [m._get_post_forward_mesh_info for m in modules]
+    for module, original in zip(modules, originals, strict=True):
+        module._get_post_forward_mesh_info = wrap(original)
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, originals, strict=True):
+            module._get_post_forward_mesh_info = original
 
 
 def lightning_device_mesh(pl_module: Any) -> Any:

@@ -18,6 +18,8 @@ Usage: python tests/fsdp2_fake_pg_script.py OUT_JSON. Writes what the test check
   blocks' class is ``FSDPBlock`` now);
 - ``example_sharded``: whether the example GPT's ``configure_model`` shards it, with and without a
   device mesh (other strategies give none);
+- ``post_forward``: the unchecked peak of a step on a fake twin sharded with ``reshard_after_forward``
+  True, 2 and False, the bytes of a block's parameters, and torch's error for ``reshard_after_forward=3``;
 - ``refusals``: the one-line errors for HSDP, tensor parallelism, ``ModelParallelStrategy(tensor_parallel_size=2)``
   and ``plan_offline`` of an FSDP2 config in a process that has a process group already (this one).
 """
@@ -34,7 +36,7 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import tiny_gpt, token_batch  # noqa: E402
+from callback_helpers import TINY_GPT, next_token_pairs, tiny_gpt, token_batch  # noqa: E402
 
 from lightning_ckpt.core.candidates import find_candidates  # noqa: E402
 from lightning_ckpt.core.fsdp2 import check_data_parallel  # noqa: E402
@@ -118,6 +120,39 @@ def profiles(mesh) -> dict:
     return found
 
 
+def post_forward(mesh_2d) -> dict:
+    """The unchecked peak of the example GPT's step (rank 0's batch of the 4-rank tests, (4, 32)) on a
+    fake twin sharded with each ``reshard_after_forward``, the bytes of one block's parameters, and the
+    error ``fully_shard`` gives for an int that does not divide the world size."""
+    from fsdp2_script import ShardedGPT
+    from torch.distributed.fsdp import fully_shard
+
+    from lightning_ckpt.core.fsdp2 import post_forward_meshes
+    from lightning_ckpt.lightning.fake_run import profile_run_on_fake_tensors
+    from lightning_ckpt.lightning.run_spec import ClassSpec, RunConfig
+    from lightning_ckpt.planning.peak import predict_peak_bytes
+
+    strategy = ClassSpec("lightning.pytorch.strategies.ModelParallelStrategy", {"data_parallel_size": WORLD})
+    batch = next_token_pairs(4, 32, seed=0)
+    unchecked = {}
+    for sharding in ("reshard", "reshard-2", "keep"):
+        spec = ClassSpec(
+            f"{ShardedGPT.__module__}.ShardedGPT", {**TINY_GPT, "dropout": 0.0, "sharding": sharding}
+        )
+        run = RunConfig(spec, None, {"devices": WORLD, "strategy": strategy}, None)
+        with post_forward_meshes(None):  # no live model here: made outside the fake mode
+            profile = profile_run_on_fake_tensors(run, None, batch, device_mesh=mesh_2d).profile
+        unchecked[sharding] = predict_peak_bytes(profile, [])
+    block = tiny_gpt(dropout=0.0).transformer.h[0]
+    return {
+        "unchecked": unchecked,
+        "block_bytes": sum(p.numel() * p.element_size() for p in block.parameters()),
+        "refusal": refusal(
+            lambda: fully_shard(block, mesh=mesh_2d["data_parallel"], reshard_after_forward=3)
+        ),
+    }
+
+
 def example_sharded(mesh_2d) -> list[bool]:
     from lightning_ckpt._compat import give_device_mesh
     from lightning_ckpt.core.fsdp2 import is_fsdp2
@@ -190,10 +225,9 @@ def main(out: Path) -> None:
         "profiles": profiles(mesh),
         "candidates": [find_candidates(sharded_gpt(mesh), targets) for targets in (None, ["Block"])],
         "refusals": refusals() | {"offline": offline_in_a_process_group(out)},
-        "example_sharded": example_sharded(
-            init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
-        ),
     }
+    mesh_2d = init_device_mesh("cpu", (WORLD, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    results |= {"example_sharded": example_sharded(mesh_2d), "post_forward": post_forward(mesh_2d)}
     check_data_parallel(sharded_gpt(mesh))  # FSDP2 data parallelism: accepted
     out.write_text(json.dumps(results))
     dist.destroy_process_group()

@@ -12,10 +12,15 @@ Usage:
         2. ``resumed``: a new Trainer resumes from the checkpoint after step 2 and trains steps 3-4 under
            the same cap;
         3. ``plain``: the 4 steps without the callback (and no cap).
-        Each writes ``{name}_facts{r}.json`` (losses per step; with the callback the checkpointed blocks,
-        the rank's own predicted peak for them, its minimum and unchecked peaks, the cap's peak, the
-        callback's measured peak and the lightning_ckpt warnings) and, on rank 0, the full parameters
-        after the fit (``{name}.pt``). A rank that runs out of memory writes ``{name}_oom{r}.txt``.
+        Each writes ``{name}_facts{r}.json`` (losses and all-gathers per step, the cap's peak, the
+        optimizer state alive when training started; with the callback the checkpointed blocks, the
+        batch shape the plan in force was made for, the rank's predicted peak for it, its minimum and
+        unchecked peaks, the optimizer step's temporaries in the profile, the callback's measured peak
+        and the lightning_ckpt warnings) and, on rank 0, the full parameters after the fit
+        (``{name}.pt``). A rank that runs out of memory writes ``{name}_oom{r}.txt``.
+    python tests/fsdp2_ranks_script.py OUT_DIR sharding SHARDING BUDGET_BYTES
+        ``capped`` and ``plain`` as above (no checkpoints, no resume), each block sharded with SHARDING
+        as in tests/fsdp2_script.py (``reshard-2``: ``reshard_after_forward=2``).
 
 Rank r's batches are (4, LENGTHS[r]): each rank plans its own batch; one plan must hold on all. Dropout
 is off, so that the resumed steps can equal the uninterrupted ones (Lightning does not restore the RNG).
@@ -65,9 +70,9 @@ def trainer_for(callbacks: list, **kwargs) -> L.Trainer:
     return fast_trainer(callbacks, **(options | kwargs))
 
 
-def model() -> ShardedGPT:
+def model(sharding: str = "reshard") -> ShardedGPT:
     torch.manual_seed(0)
-    return ShardedGPT(sharding="reshard", **(TINY_GPT | {"dropout": 0.0}))
+    return ShardedGPT(sharding=sharding, **(TINY_GPT | {"dropout": 0.0}))
 
 
 def probe(out_dir: Path) -> None:
@@ -84,16 +89,24 @@ def probe(out_dir: Path) -> None:
     (out_dir / f"bounds{trainer.global_rank}.json").write_text(json.dumps(bounds))
 
 
-def fit(out_dir: Path, name: str, budget_bytes: int | None, ckpt_path: str | None = None) -> None:
-    """One fit (see the module docstring); writes its facts."""
+def fit(
+    out_dir: Path,
+    name: str,
+    budget_bytes: int | None,
+    ckpt_path: str | None = None,
+    sharding: str = "reshard",
+    saving: bool = False,
+) -> None:
+    """One fit (see the module docstring), saving the sharded checkpoint after each epoch if ``saving``;
+    writes its facts."""
     recorder = StepRecorder()
-    rank_model = model()
+    rank_model = model(sharding)
     cap = memory_cap(budget_bytes or 10**12, model=rank_model)
-    callbacks: list = [recorder, CountRestoredState(cap)]  # the resume's loaded optimizer state counts
+    restored = CountRestoredState(cap)  # a resume's loaded optimizer state counts from then on
+    callbacks: list = [recorder, restored]
     callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9)
     callbacks += [callback] if callback else []
     checkpoints = ModelCheckpoint(dirpath=out_dir / "ckpt", every_n_epochs=1, save_top_k=-1)
-    saving = name == "capped"
     L.seed_everything(0, verbose=False)
     trainer = trainer_for(callbacks + [checkpoints] * saving, enable_checkpointing=saving)
     rank, live = trainer.global_rank, rank_model
@@ -106,7 +119,13 @@ def fit(out_dir: Path, name: str, budget_bytes: int | None, ckpt_path: str | Non
         except torch.OutOfMemoryError as error:
             (out_dir / f"{name}_oom{rank}.txt").write_text(f"step {trainer.global_step}: {error}")
             raise
-    facts |= {"losses": recorder.losses, "global_step": trainer.global_step, "cap_peak": cap.peak_bytes}
+    facts |= {
+        "losses": recorder.losses,
+        "gathers": recorder.gathers,
+        "global_step": trainer.global_step,
+        "cap_peak": cap.peak_bytes,
+        "state_at_start": restored.state_bytes,
+    }
     if callback is not None:
         facts |= callback_facts(callback)
         facts["warnings"] = [str(w.message) for w in caught if "lightning_ckpt" in w.filename]
@@ -130,17 +149,36 @@ def callback_facts(callback: AutoCheckpoint) -> dict:
             "predicted": predict_peak_bytes(profile, plan.checkpointed),
             "minimum": fixed_peak_bytes(profile),
             "unchecked": predict_peak_bytes(profile, []),
+            "optimizer_step": profile.optimizer_step_bytes,
+            "planned_shape": _planned_shape(callback),
         }
     return facts
 
 
+def _planned_shape(callback: AutoCheckpoint) -> list[int]:
+    """The shape of the first batch tensor the plan in force was made for (it covers every batch of the
+    same tensors with no size larger)."""
+    (shapes,) = [key for key, plan in callback.plans.items() if plan is callback.plan]
+    return list(shapes[0][0])
+
+
 def run(out_dir: Path, budget_bytes: int) -> None:
-    fit(out_dir, "capped", budget_bytes)
+    fit(out_dir, "capped", budget_bytes, saving=True)
     (step_two,) = (out_dir / "ckpt").glob("epoch=1-step=2*")
     fit(out_dir, "resumed", budget_bytes, ckpt_path=str(step_two))
     fit(out_dir, "plain", None)
 
 
+def run_sharding(out_dir: Path, sharding: str, budget_bytes: int) -> None:
+    fit(out_dir, "capped", budget_bytes, sharding=sharding)
+    fit(out_dir, "plain", None, sharding=sharding)
+
+
 if __name__ == "__main__":
     out, mode = Path(sys.argv[1]), sys.argv[2]
-    probe(out) if mode == "probe" else run(out, int(sys.argv[3]))
+    if mode == "probe":
+        probe(out)
+    elif mode == "run":
+        run(out, int(sys.argv[3]))
+    else:
+        run_sharding(out, sys.argv[3], int(sys.argv[4]))

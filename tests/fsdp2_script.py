@@ -24,8 +24,10 @@ Usage:
 Every run with the callback writes the warnings lightning_ckpt gave to ``warnings{r}.json``.
 
 SHARDING is ``reshard`` (``reshard_after_forward=True``, FSDP2's default), ``keep`` (False: the blocks
-stay gathered from their forward to their backward; the callback's ``targets=["Block"]``) or ``bf16`` (``MixedPrecisionPolicy(param_dtype=
-torch.bfloat16)``: gathered in bf16, reduced in fp32).
+stay gathered from their forward to their backward; the callback's ``targets=["Block"]``), ``bf16``
+(``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``: gathered in bf16, reduced in fp32) or ``reshard-N``
+(``reshard_after_forward=N``: after a block's forward each rank keeps 1/N of its unsharded parameters,
+and its backward all-gathers them over N ranks; tests/fsdp2_ranks_script.py runs it on 4 ranks).
 """
 
 from __future__ import annotations
@@ -66,31 +68,42 @@ class ShardedGPT(GPT):
         bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         options = {
             "mp_policy": bf16 if sharding == "bf16" else MixedPrecisionPolicy(),
-            "reshard_after_forward": sharding != "keep",
+            "reshard_after_forward": reshard_after_forward(sharding),
         }
         for block in self.transformer.h:
             fully_shard(block, mesh=mesh, **options)
         fully_shard(self, mesh=mesh, mp_policy=options["mp_policy"])
 
 
+def reshard_after_forward(sharding: str) -> bool | int:
+    """``fully_shard``'s ``reshard_after_forward`` for a SHARDING name: ``keep`` False, ``reshard-N`` the
+    int N (reshard to N ranks after the forward), anything else True."""
+    if sharding.startswith("reshard-"):
+        return int(sharding.removeprefix("reshard-"))
+    return sharding != "keep"
+
+
 class StepRecorder(L.Callback):
-    """Each step's loss, and the all-gathers (count, elements) FSDP2 runs in it."""
+    """Each step's loss, and the all-gathers FSDP2 runs in it: (count, elements, how many of them over
+    fewer ranks than the world: the post-forward meshes of ``reshard_after_forward=N``)."""
 
     def __init__(self) -> None:
         self.losses: list[float] = []
-        self.gathers: list[tuple[int, int]] = []
-        self._count = [0, 0]
+        self.gathers: list[tuple[int, int, int]] = []
+        self._count = [0, 0, 0]
         original = torch.distributed.all_gather_single
 
         def counted(output, input, *args, **kwargs):
+            group_size = torch.distributed.get_world_size(kwargs.get("group"))
             self._count[0] += 1
             self._count[1] += output.numel()
+            self._count[2] += group_size < torch.distributed.get_world_size()
             return original(output, input, *args, **kwargs)
 
         torch.distributed.all_gather_single = counted
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._count[:] = [0, 0]
+        self._count[:] = [0, 0, 0]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.losses.append(float(outputs["loss"]))

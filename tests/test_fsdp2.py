@@ -85,6 +85,16 @@ def test_fake_process_group_shards_are_counted_and_tensor_parallelism_is_refused
     assert sharded["after_backward"] == plain["after_backward"], "sharded gradients are gradients"
     assert sharded["param_bytes"] == facts["shards"], "the shards, not the gathered parameters"
     assert facts["example_sharded"] == [True, False], "the example GPT shards itself under FSDP2 only"
+    post = facts["post_forward"]
+    unchecked, block_bytes = post["unchecked"], post["block_bytes"]
+    # From a block's forward to its backward each rank keeps its 1/4 shard only (True), half of the
+    # block's unsharded parameters (2: its 2-rank post-forward mesh) or all of them (False). At the
+    # step's peak, the start of the backward with the last block gathered, that is 4 blocks' halves (the
+    # last block's is freed once its gather is copied out) or the 3 other blocks' whole parameters.
+    assert unchecked["reshard-2"] - unchecked["reshard"] == 4 * block_bytes // 2, post
+    assert unchecked["keep"] - unchecked["reshard"] == 3 * block_bytes, post
+    assert "reshard_after_forward as an int, it should be a factor of 4, not 3" in post["refusal"]
+    assert post["refusal"].count("\n") == 0
     refusals = facts["refusals"]
     assert (
         "placed (Replicate(), Shard(dim=0)) over mesh {'data_parallel': 2, 'tensor_parallel': 2}"
@@ -136,40 +146,53 @@ def _assert_capped_run(
 
 
 @needs_distributed
-@pytest.mark.parametrize(
-    ("sharding", "budget_bytes"),
-    [("keep", 1_900_000), ("bf16", 950_000)],
-    ids=["no_reshard_after_forward", "bf16_mixed_precision_policy_near_the_minimum"],
-)
-def test_fsdp2_ranks_train_within_the_budget_as_predicted(tmp_path, sharding, budget_bytes):
-    """Blocks gathered from their forward to their backward; or gathered in bf16 and reduced in fp32, at a
-    budget that needs every block checkpointed."""
-    result = _run(SCRIPT, tmp_path, "capped", sharding, budget_bytes)
-    _assert_capped_run(tmp_path, result, budget_bytes, every_block=sharding == "bf16")
+def test_fsdp2_bf16_mixed_precision_policy_trains_near_the_minimum_as_predicted(tmp_path):
+    """Blocks gathered in bf16 and reduced in fp32, at a budget that needs every block checkpointed."""
+    budget_bytes = 950_000
+    result = _run(SCRIPT, tmp_path, "capped", "bf16", budget_bytes)
+    _assert_capped_run(tmp_path, result, budget_bytes, every_block=True)
+
+
+def _assert_as_without_the_callback(out: Path, gathers_per_step: int) -> None:
+    """Both ranks' losses and final parameters equal to the run without the callback (dropout on), and the
+    same all-gathers in every step after the first (a checkpointed block is recomputed inside its unit's
+    gathered window, never gathered again): ``gathers_per_step`` of them."""
+    for rank in (0, 1):
+        assert _read(out, f"plain_losses{rank}.json") == _read(out, f"capped_losses{rank}.json")
+        plain_gathers = _read(out, f"plain_gathers{rank}.json")
+        capped_gathers = _read(out, f"capped_gathers{rank}.json")
+        assert capped_gathers[1:] == plain_gathers[1:], "no extra all-gather for the recomputation"
+        assert plain_gathers[1][0] == gathers_per_step, plain_gathers
+    expected, actual = torch.load(out / "plain.pt"), torch.load(out / "capped.pt")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
+
+
+@needs_distributed
+def test_fsdp2_without_reshard_after_forward_trains_within_the_budget_as_without_the_callback(tmp_path):
+    """``reshard_after_forward=False``: each block stays gathered from its forward to its backward (the
+    backward gathers nothing): within the cap as predicted, as FSDP2 trains without the callback."""
+    budget_bytes = 1_900_000
+    capped = _run(SCRIPT, tmp_path, "capped", "keep", budget_bytes)
+    _assert_capped_run(tmp_path, capped, budget_bytes)
+    plain = _run(SCRIPT, tmp_path, "plain", "keep")
+    assert plain.returncode == 0, _tail(plain)
+    _assert_as_without_the_callback(tmp_path, gathers_per_step=5)  # the root and each block, in forward
 
 
 @needs_distributed
 def test_fsdp2_trains_within_a_budget_below_the_unsharded_minimum_as_fsdp2_without_the_callback(tmp_path):
     """FSDP2's defaults (reshard after forward), at a budget that fits only because the model is sharded:
-    within the cap as predicted; the same losses and parameters after 4 steps as without the callback
-    (dropout on), and the same all-gathers in every step after the first (a checkpointed block is
-    recomputed inside its unit's gathered window, never gathered again)."""
+    within the cap as predicted, as FSDP2 trains without the callback."""
     budget_bytes = 1_400_000
     assert budget_bytes < _unsharded_minimum_bytes()
     capped = _run(SCRIPT, tmp_path, "capped", "reshard", budget_bytes)
     _assert_capped_run(tmp_path, capped, budget_bytes)
     plain = _run(SCRIPT, tmp_path, "plain", "reshard")
     assert plain.returncode == 0, _tail(plain)
-    for rank in (0, 1):
-        assert _read(tmp_path, f"plain_losses{rank}.json") == _read(tmp_path, f"capped_losses{rank}.json")
-        plain_gathers = _read(tmp_path, f"plain_gathers{rank}.json")
-        capped_gathers = _read(tmp_path, f"capped_gathers{rank}.json")
-        assert capped_gathers[1:] == plain_gathers[1:], "no extra all-gather for the recomputation"
-        assert plain_gathers[1][0] == 9, "the root once, each of the 4 blocks in forward and in backward"
-    expected, actual = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "capped.pt")
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=name)
+    # the root once, each of the 4 blocks in forward and in backward
+    _assert_as_without_the_callback(tmp_path, gathers_per_step=9)
 
 
 @needs_distributed
@@ -192,6 +215,8 @@ def test_fsdp2_model_without_a_twin_is_profiled_once_on_real_tensors(tmp_path):
 
 
 FOUR_RANKS_BUDGET_BYTES = 1_150_000
+LENGTHS = (32, 24, 16, 28)  # rank r's sequence length in tests/fsdp2_ranks_script.py
+PARAMS = 52  # parameters of the tiny GPT (each with an AdamW `step` scalar)
 
 
 @pytest.fixture(scope="module")
@@ -205,46 +230,94 @@ def four_ranks(tmp_path_factory) -> tuple[Path, dict]:
     return out, {run: [_read(out, f"{run}_facts{r}.json") for r in range(4)] for run in runs}
 
 
+def _assert_one_plan_within_the_budget(run: list[dict], budget_bytes: int) -> None:
+    """One plan on every rank, some blocks kept; each rank's 4 steps within the cap, no warning."""
+    plans = {tuple(rank["checkpointed"]) for rank in run}
+    assert len(plans) == 1 and 0 < len(plans.pop()) < 4, "one plan on every rank, some blocks kept"
+    for rank in run:
+        assert rank["warnings"] == [] and rank["global_step"] == 4 and rank["predicted"] <= budget_bytes
+
+
+def _assert_same_training(out: Path, runs: dict[str, list[dict]]) -> None:
+    """Each run's losses (a resumed run's: the last steps') and final parameters bit-identical to the run
+    without the callback (``plain``)."""
+    expected = torch.load(out / "plain.pt")
+    for name, ranks in runs.items():
+        for plain, rank in zip(runs["plain"], ranks, strict=True):
+            assert rank["losses"] == plain["losses"][len(plain["losses"]) - len(rank["losses"]) :], name
+        actual = torch.load(out / f"{name}.pt")
+        assert actual.keys() == expected.keys()
+        for key in expected:
+            torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0, msg=f"{name} {key}")
+
+
 @needs_distributed
 def test_four_ranks_with_their_own_lengths_train_and_resume_within_the_budget_as_fsdp2_without_it(four_ranks):
     """4 processes, rank r's batches (4, (32, 24, 16, 28)[r]), at a budget below what one unsharded
     process needs for rank 0's batch: one plan on every rank, each rank within the cap as predicted for its
     own batch; then a resume from the sharded checkpoint of step 2 (a directory) within the same cap; the
-    losses of all three runs and the final parameters equal FSDP2's without the callback."""
+    losses of all three runs and the final parameters equal FSDP2's without the callback.
+
+    The resume's measures are those of the uninterrupted run: the checkpoint holds rank 0's plans, made
+    for (4, 32), which covers every rank's batch, so every rank checks that plan at (4, 32) (the same
+    profile as rank 0's: the optimizer step's temporaries included) and it holds; each rank's cap counts
+    the optimizer state the distributed checkpoint restored (``CountRestoredState``), so it reads what the
+    uninterrupted steps read, plus AdamW's ``step`` scalars (4 B each), which a fresh AdamW makes where no
+    op runs. Rank 0's prediction is within 2% of its cap; the other ranks', for the larger (4, 32), above."""
     tmp_path, facts = four_ranks
     budget_bytes = FOUR_RANKS_BUDGET_BYTES
     assert budget_bytes < _unsharded_minimum_bytes(dropout=0.0)
-    for run in ("capped", "resumed"):
-        plans = {tuple(rank["checkpointed"]) for rank in facts[run]}
-        assert len(plans) == 1 and 0 < len(plans.pop()) < 4, (
-            f"one plan on every rank, some blocks kept: {run}"
+    capped, resumed = facts["capped"], facts["resumed"]
+    for run in (capped, resumed):
+        _assert_one_plan_within_the_budget(run, budget_bytes)
+    for r, rank in enumerate(capped):
+        assert rank["planned_shape"] == [4, LENGTHS[r]] and rank["optimizer_step"] > 0
+        error = rank["predicted"] / rank["cap_peak"] - 1
+        assert abs(error) <= 0.02, f"capped rank {r}: {error:+.2%} {rank}"
+    for r, (before, after) in enumerate(zip(capped, resumed, strict=True)):
+        assert after["checkpointed"] == before["checkpointed"], "the saved plan holds on a fresh profile"
+        assert after["planned_shape"] == [4, 32], "every rank checks rank 0's saved plan at its shapes"
+        assert after["optimizer_step"] == before["optimizer_step"], (
+            "the step's temporaries in the resumed plan"
         )
-        for rank in facts[run]:
-            assert rank["warnings"] == [] and rank["global_step"] == 4 and rank["predicted"] <= budget_bytes
-            error = rank["predicted"] / rank["cap_peak"] - 1
-            if run == "capped":
-                assert abs(error) <= 0.02, f"{run}: {error:+.2%} {rank}"
-            else:  # some launches' caps miss part of the optimizer state DCP restored (see the README)
-                assert error >= -0.02, f"{run}: {error:+.2%} {rank}"
-        if run == "resumed":  # so the heaviest rank is also held to the callback's own meter
-            measured = max(
-                facts[run][0]["measured_max_over_ranks"], *(rank["cap_peak"] for rank in facts[run])
-            )
-            error = max(rank["predicted"] for rank in facts[run]) / measured - 1
-            assert abs(error) <= 0.02, f"{run}: {error:+.2%} {facts[run][0]}"
-    heaviest = facts["capped"][0]
+        assert after["state_at_start"] > 0 == before["state_at_start"]
+        restored_scalars = after["cap_peak"] - before["cap_peak"]
+        assert 0 <= restored_scalars <= 4 * PARAMS, f"rank {r}: the cap reads the resumed step as the run's"
+        assert after["predicted"] >= after["cap_peak"]
+    assert resumed[0]["predicted"] == capped[0]["predicted"]
+    error = resumed[0]["predicted"] / resumed[0]["cap_peak"] - 1
+    assert abs(error) <= 0.02, f"resumed rank 0: {error:+.2%} {resumed[0]}"
+    assert resumed[0]["measured_max_over_ranks"] == capped[0]["measured_max_over_ranks"], "the meter too"
+    heaviest = capped[0]
     assert heaviest["minimum"] <= budget_bytes < heaviest["unchecked"] < facts["plain"][0]["cap_peak"]
-    for r in range(4):
-        plain_losses = facts["plain"][r]["losses"]
-        assert (
-            facts["capped"][r]["losses"] == plain_losses and facts["resumed"][r]["losses"] == plain_losses[2:]
-        )
-    expected = torch.load(tmp_path / "plain.pt")
-    for run in ("capped", "resumed"):
-        actual = torch.load(tmp_path / f"{run}.pt")
-        assert actual.keys() == expected.keys()
-        for name in expected:
-            torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0, msg=f"{run} {name}")
+    _assert_same_training(tmp_path, facts)
+
+
+@needs_distributed
+def test_four_ranks_resharded_to_two_after_forward_train_within_the_budget_as_without_the_callback(tmp_path):
+    """``reshard_after_forward=2`` on 4 ranks: after a block's forward each rank keeps half of the block's
+    unsharded parameters (its 2-rank post-forward mesh) until the block's backward all-gathers them over
+    those 2 ranks; a checkpointed block recomputes inside that gathered window. The twin is sharded over
+    the live model's 2-rank meshes and measures all of it: each rank within 2% of its cap, one plan, the
+    same all-gathers as without the callback (4 of them over 2 ranks per step, one per block, in
+    backward), and the same losses and parameters."""
+    budget_bytes = 1_200_000
+    result = _run(
+        TESTS / "fsdp2_ranks_script.py", tmp_path, "sharding", "reshard-2", budget_bytes, timeout=420
+    )
+    assert result.returncode == 0 and not list(tmp_path.glob("*oom*")), _tail(result)
+    runs = {run: [_read(tmp_path, f"{run}_facts{r}.json") for r in range(4)] for run in ("capped", "plain")}
+    capped, plain = runs["capped"], runs["plain"]
+    _assert_one_plan_within_the_budget(capped, budget_bytes)
+    for r, (rank, without) in enumerate(zip(capped, plain, strict=True)):
+        assert rank["minimum"] <= budget_bytes
+        errors = (rank["predicted"] / rank["cap_peak"] - 1, rank["unchecked"] / without["cap_peak"] - 1)
+        assert max(map(abs, errors)) <= 0.02, f"rank {r}: {errors} {rank}"
+        assert rank["gathers"][1:] == without["gathers"][1:], "no extra all-gather for the recomputation"
+        assert all(small == 4 for _, _, small in without["gathers"]), without["gathers"]
+    assert capped[0]["unchecked"] > budget_bytes, "rank 0 needs some blocks checkpointed"
+    assert budget_bytes < _unsharded_minimum_bytes(dropout=0.0), "it fits because it is sharded"
+    _assert_same_training(tmp_path, runs)
 
 
 @needs_distributed

@@ -12,13 +12,26 @@ each rank computes and holds in ways the profile does not see, and are refused w
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch.nn as nn
 
-from lightning_ckpt._compat import fsdp2_is_root
+from lightning_ckpt._compat import (
+    fsdp2_is_root,
+    fsdp2_post_forward_mesh_getter,
+    fsdp2_post_forward_mesh_infos,
+    unset_fake_temporarily,
+)
 
-__all__ = ["check_data_parallel", "fsdp2_modules", "is_fsdp2", "iteration_state_reset", "user_class"]
+__all__ = [
+    "check_data_parallel",
+    "fsdp2_modules",
+    "is_fsdp2",
+    "iteration_state_reset",
+    "post_forward_meshes",
+    "user_class",
+]
 
 
 def fsdp2_modules(model: nn.Module) -> list[nn.Module]:
@@ -103,6 +116,51 @@ def iteration_state_reset(model: nn.Module) -> Iterator[None]:
         for module in fsdp2_modules(model):
             if fsdp2_is_root(module) and hasattr(module, "reset_iter_state"):
                 module.reset_iter_state()
+
+
+@contextlib.contextmanager
+def post_forward_meshes(live: nn.Module | None) -> Iterator[None]:
+    """While the block runs, ``fully_shard(module, reshard_after_forward=N)`` (an int: after its forward
+    each rank keeps 1/N of the unit's unsharded parameters, and its backward all-gathers them over those
+    N ranks) can shard a fake twin: it reshards to the ``live`` model's N-rank mesh where it has one, else
+    to one made outside the fake mode.
+
+    ``fully_shard`` builds that mesh from the real tensor of its mesh's ranks, which a fake mode refuses,
+    and each new mesh is a new process group on every rank: reusing the live model's costs neither.
+
+    Example:
+        >>> with post_forward_meshes(None):  # no live model: meshes made outside the fake mode
+        ...     is_fsdp2(nn.Linear(2, 2))
+        False
+    """
+    if not _distributed_available():
+        yield
+        return
+    infos = [
+        info
+        for module in fsdp2_modules(live or nn.Module())
+        for info in fsdp2_post_forward_mesh_infos(module)
+    ]
+    with fsdp2_post_forward_mesh_getter(lambda original: _post_forward_mesh_getter(original, infos)):
+        yield
+
+
+def _post_forward_mesh_getter(original: Callable, live_infos: list[Any]) -> Callable:
+    """``original`` (torch's), answering an int ``reshard_after_forward`` with a live mesh of that many ranks
+    over the same ranks, or with torch's own answer computed outside any fake mode."""
+
+    def get_post_forward_mesh_info(reshard_after_forward: Any, mesh_info: Any) -> Any:
+        if isinstance(reshard_after_forward, bool) or not isinstance(reshard_after_forward, int):
+            return original(reshard_after_forward, mesh_info)
+        with unset_fake_temporarily():
+            ranks = sorted(mesh_info.mesh.mesh.flatten().tolist())
+            for info in live_infos:
+                same_ranks = sorted(info.mesh.mesh.flatten().tolist()) == ranks
+                if same_ranks and info.shard_mesh_size == reshard_after_forward:
+                    return info
+            return original(reshard_after_forward, mesh_info)
+
+    return get_post_forward_mesh_info
 
 
 def _distributed_available() -> bool:

@@ -23,7 +23,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_ckpt._compat import lightning_device_mesh
-from lightning_ckpt.core.fsdp2 import user_class
+from lightning_ckpt.core.fsdp2 import post_forward_meshes, user_class
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.fake_run import RunProfile, profile_run_on_fake_tensors
 from lightning_ckpt.lightning.fsdp_twin import twin_profile, twin_run_config
@@ -40,9 +40,10 @@ def fsdp2_twin_profile(
     mesh = lightning_device_mesh(pl_module)
 
     def profile_twin() -> RunProfile:
-        profiled = profile_run_on_fake_tensors(
-            run, list(candidates), batch, device_mesh=mesh, plugin=trainer.precision_plugin
-        )
+        with post_forward_meshes(pl_module):  # `reshard_after_forward=N`: the live N-rank meshes
+            profiled = profile_run_on_fake_tensors(
+                run, list(candidates), batch, device_mesh=mesh, plugin=trainer.precision_plugin
+            )
         _check_same_parameters(profiled, pl_module)
         return profiled
 

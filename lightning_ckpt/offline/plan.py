@@ -23,6 +23,7 @@ from typing import Any
 
 from lightning_ckpt._compat import init_fake_process_group
 from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.core.fsdp2 import post_forward_meshes
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.fake_run import profile_run_on_fake_tensors
@@ -141,7 +142,7 @@ def plan_offline(
             f"the config {str(config_path)!r} must name a `data` module (the batch shape comes from it)"
         )
     batch = first_batch(run.data)
-    with _offline_device_mesh(run) as mesh:
+    with _offline_device_mesh(run) as mesh, post_forward_meshes(None):  # reshard_after_forward=N
         profiled = profile_run_on_fake_tensors(run, settings.targets, batch, device_mesh=mesh)
     profile = _with_seconds(profiled.profile, tflops)
     settings = dataclasses.replace(settings, cost="flops")  # nothing to time offline
