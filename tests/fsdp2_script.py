@@ -16,7 +16,8 @@ Usage:
         peak for the plan, its minimum and unchecked peaks, the cap's peak, the callback's measured peak)
         and ``flag{r}.txt``. Rank 1 sees the recompute times reversed: only the broadcast of one rank's
         plan makes the ranks checkpoint the same blocks.
-
+    python tests/fsdp2_script.py OUT_DIR compare SHARDING BUDGET_BYTES
+        ``capped``, then ``plain``, in one launch.
     python tests/fsdp2_script.py OUT_DIR fallback SHARDING BUDGET_BYTES
         As ``capped``, without a cap, on a model whose saved hyperparameters no longer build it: the
         profile falls back to one real step (with a warning).
@@ -188,5 +189,8 @@ if __name__ == "__main__":
     out, mode, sharding = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     if mode == "probe":
         probe(out, sharding)
+    elif mode == "compare":
+        train(out, sharding, int(sys.argv[4]))
+        train(out, sharding, None)
     else:
         train(out, sharding, int(sys.argv[4]) if mode != "plain" else None, fallback=mode == "fallback")

@@ -174,10 +174,8 @@ def test_fsdp2_without_reshard_after_forward_trains_within_the_budget_as_without
     """``reshard_after_forward=False``: each block stays gathered from its forward to its backward (the
     backward gathers nothing): within the cap as predicted, as FSDP2 trains without the callback."""
     budget_bytes = 1_900_000
-    capped = _run(SCRIPT, tmp_path, "capped", "keep", budget_bytes)
-    _assert_capped_run(tmp_path, capped, budget_bytes)
-    plain = _run(SCRIPT, tmp_path, "plain", "keep")
-    assert plain.returncode == 0, _tail(plain)
+    result = _run(SCRIPT, tmp_path, "compare", "keep", budget_bytes)
+    _assert_capped_run(tmp_path, result, budget_bytes)
     _assert_as_without_the_callback(tmp_path, gathers_per_step=5)  # the root and each block, in forward
 
 
@@ -187,10 +185,8 @@ def test_fsdp2_trains_within_a_budget_below_the_unsharded_minimum_as_fsdp2_witho
     within the cap as predicted, as FSDP2 trains without the callback."""
     budget_bytes = 1_400_000
     assert budget_bytes < _unsharded_minimum_bytes()
-    capped = _run(SCRIPT, tmp_path, "capped", "reshard", budget_bytes)
-    _assert_capped_run(tmp_path, capped, budget_bytes)
-    plain = _run(SCRIPT, tmp_path, "plain", "reshard")
-    assert plain.returncode == 0, _tail(plain)
+    result = _run(SCRIPT, tmp_path, "compare", "reshard", budget_bytes)
+    _assert_capped_run(tmp_path, result, budget_bytes)
     # the root once, each of the 4 blocks in forward and in backward
     _assert_as_without_the_callback(tmp_path, gathers_per_step=9)
 
@@ -283,7 +279,7 @@ def test_four_ranks_with_their_own_lengths_train_and_resume_within_the_budget_as
         assert after["state_at_start"] > 0 == before["state_at_start"]
         restored_scalars = after["cap_peak"] - before["cap_peak"]
         assert 0 <= restored_scalars <= 4 * PARAMS, f"rank {r}: the cap reads the resumed step as the run's"
-        assert after["predicted"] >= after["cap_peak"]
+        assert r == 0 or after["predicted"] > after["cap_peak"], f"rank {r}: predicted for (4, 32)"
     assert resumed[0]["predicted"] == capped[0]["predicted"]
     error = resumed[0]["predicted"] / resumed[0]["cap_peak"] - 1
     assert abs(error) <= 0.02, f"resumed rank 0: {error:+.2%} {resumed[0]}"
