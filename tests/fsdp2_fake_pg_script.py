@@ -19,13 +19,15 @@ Usage: python tests/fsdp2_fake_pg_script.py OUT_JSON. Writes what the test check
 - ``example_sharded``: whether the example GPT's ``configure_model`` shards it, with and without a
   device mesh (other strategies give none);
 - ``post_forward``: the unchecked peak of a step on a fake twin sharded with ``reshard_after_forward``
-  True, 2 and False, the bytes of a block's parameters, and torch's error for ``reshard_after_forward=3``;
+  True, 2 and False, the bytes of a block's parameters, torch's error for ``reshard_after_forward=3``,
+  and whether a twin sharded with 2 reuses the live model's 2-rank meshes;
 - ``refusals``: the one-line errors for HSDP, tensor parallelism, ``ModelParallelStrategy(tensor_parallel_size=2)``
   and ``plan_offline`` of an FSDP2 config in a process that has a process group already (this one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -145,12 +147,36 @@ def post_forward(mesh_2d) -> dict:
         unchecked[sharding] = predict_peak_bytes(profile, [])
     block = tiny_gpt(dropout=0.0).transformer.h[0]
     return {
+        "twin_reuses_live_meshes": twin_reuses_live_meshes(mesh_2d),
         "unchecked": unchecked,
         "block_bytes": sum(p.numel() * p.element_size() for p in block.parameters()),
         "refusal": refusal(
             lambda: fully_shard(block, mesh=mesh_2d["data_parallel"], reshard_after_forward=3)
         ),
     }
+
+
+def twin_reuses_live_meshes(mesh_2d) -> bool:
+    """Whether a fake twin sharded with ``reshard_after_forward=2`` inside ``post_forward_meshes(live)``
+    reshards each block to one of the live model's 2-rank meshes (no new mesh, no new process group)."""
+    from fsdp2_script import ShardedGPT
+
+    from lightning_ckpt._compat import FakeTensorMode, fsdp2_post_forward_mesh_infos, give_device_mesh
+    from lightning_ckpt.core.fsdp2 import post_forward_meshes
+
+    def sharded(fake: bool) -> ShardedGPT:
+        with FakeTensorMode() if fake else contextlib.nullcontext():
+            model = ShardedGPT(sharding="reshard-2", **TINY_GPT)
+            give_device_mesh(model, mesh_2d)
+            model.configure_model()
+        return model
+
+    live = sharded(fake=False)
+    with post_forward_meshes(live):
+        twin = sharded(fake=True)
+    live_infos = [info for block in live.transformer.h for info in fsdp2_post_forward_mesh_infos(block)]
+    twin_infos = [info for block in twin.transformer.h for info in fsdp2_post_forward_mesh_infos(block)]
+    return len(twin_infos) == 4 and all(any(info is own for own in live_infos) for info in twin_infos)
 
 
 def example_sharded(mesh_2d) -> list[bool]:

@@ -91,6 +91,7 @@ def test_fake_process_group_shards_are_counted_and_tensor_parallelism_is_refused
     # block's unsharded parameters (2: its 2-rank post-forward mesh) or all of them (False). At the
     # step's peak, the start of the backward with the last block gathered, that is 4 blocks' halves (the
     # last block's is freed once its gather is copied out) or the 3 other blocks' whole parameters.
+    assert post["twin_reuses_live_meshes"], "the twin makes no mesh (no process group) of its own"
     assert unchecked["reshard-2"] - unchecked["reshard"] == 4 * block_bytes // 2, post
     assert unchecked["keep"] - unchecked["reshard"] == 3 * block_bytes, post
     assert "reshard_after_forward as an int, it should be a factor of 4, not 3" in post["refusal"]

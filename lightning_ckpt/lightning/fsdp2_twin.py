@@ -4,7 +4,8 @@ The live model's parameters are ``DTensor`` shards and its forward runs FSDP2's 
 reshard real tensors: it cannot be run on fake tensors as it is. The twin is the LightningModule's class
 called with its saved hyperparameters (``self.save_hyperparameters()``) under ``FakeTensorMode``, given the
 live device mesh, then its own ``configure_model``: the user's ``fully_shard`` calls shard it as the live
-model is sharded (units, ``reshard_after_forward``, ``MixedPrecisionPolicy``), and FSDP2 runs its step for
+model is sharded (units, ``reshard_after_forward``, ``MixedPrecisionPolicy``; an int
+``reshard_after_forward`` reshards to the live model's own smaller meshes), and FSDP2 runs its step for
 real on fake tensors, collectives included (they move no data). So the profile holds this rank's shards,
 and, where they are live, the unsharded parameters of each unit gathered and prefetched, the unsharded
 gradients and the all-gather and reduce-scatter buffers. Nothing is allocated.
