@@ -129,12 +129,12 @@ def group_prices(groups: Groups, room: np.ndarray, fitted: np.ndarray) -> np.nda
     with each group's lightest option taken first. Any prices that never rise give a valid bound
     (``GroupBounds``); these give the LP's."""
     seg_w, seg_v, counts, base = _hull(groups, fitted >= 0)
-    n = groups.count
     relative = room - np.concatenate(([0], np.cumsum(base)))  # less the lightest options before
     first = np.concatenate(([0], np.cumsum(counts)))  # each group's first segment
-    caps = np.full(len(seg_w) + 1, np.iinfo(np.int64).max)  # the room before each segment:
-    np.minimum.at(caps, first[1:], relative[1 : n + 1])  # a group's, at its first segment,
-    caps = np.minimum.accumulate(caps[::-1])[::-1]  # and within a group the room after it
+    # the room before each segment: the least of the rooms before the groups at or after its own
+    # (a group's first segment: its own room; a later one: the room after its group)
+    least = np.minimum.accumulate(relative[1:][::-1])[::-1]
+    caps = least[np.searchsorted(first[1:], np.arange(len(seg_w) + 1))]
     dual = chain_dual(seg_w, seg_v, caps, np.ones(len(seg_w), dtype=np.bool_))
     return np.minimum.accumulate(np.append(dual.price[first[:-1]], 0.0))
 
@@ -144,11 +144,22 @@ class GroupBounds:
     ``mu[k] = price[k - 1] - price[k] >= 0`` on the room before group ``k``, every choice is worth at
     most ``sum_k mu[k] room[k] + sum_g max_o (v - price[g] w)``; after group ``j``, a state of chosen
     weight ``x`` and value ``val`` at most ``lagrange(j, x, val)``. ``allowed`` masks the options a
-    pass still considers (the others fixed away)."""
+    pass still considers (the others fixed away); ``reduced``, when given, is ``v - price[g] w`` per
+    option (whatever ``allowed`` says: a pass reuses its solve's)."""
 
-    def __init__(self, groups: Groups, room: np.ndarray, price: np.ndarray, allowed: np.ndarray) -> None:
-        self.reduced = np.where(allowed, groups.values - price[groups.group_of()] * groups.weights, -np.inf)
-        best = np.maximum.reduceat(self.reduced, groups.starts[:-1]) if groups.count else np.zeros(0)
+    def __init__(
+        self,
+        groups: Groups,
+        room: np.ndarray,
+        price: np.ndarray,
+        allowed: np.ndarray,
+        reduced: np.ndarray | None = None,
+    ) -> None:
+        if reduced is None:
+            reduced = groups.values - groups.per_option(price[:-1]) * groups.weights
+        self.unmasked = reduced
+        self.reduced = np.where(allowed, reduced, -np.inf)
+        best = groups.group_max(self.reduced)
         self.tail = np.append(np.cumsum(best[::-1])[::-1], 0.0)
         priced = np.concatenate(([0.0], (price[:-1] - price[1:]) * room[1:]))
         self.priced_caps = np.append(np.cumsum(priced[::-1])[::-1], 0.0)

@@ -60,7 +60,17 @@ class Groups(NamedTuple):
 
     def group_of(self) -> np.ndarray:
         """The group of every option."""
-        return np.repeat(np.arange(self.count), self.sizes())
+        return self.per_option(np.arange(self.count))
+
+    def per_option(self, per_group: np.ndarray) -> np.ndarray:
+        """A per-group array repeated for each of the group's options."""
+        return np.repeat(per_group, 2) if self.binary else np.repeat(per_group, self.sizes())
+
+    def group_max(self, per_option: np.ndarray) -> np.ndarray:
+        """The largest entry of each group (of a per-option array)."""
+        if self.binary:
+            return np.maximum(per_option[0::2], per_option[1::2])
+        return np.maximum.reduceat(per_option, self.starts[:-1]) if self.count else per_option[:0]
 
     def subset(self, lo: int, hi: int, caps: np.ndarray) -> Groups:
         """Groups ``lo:hi`` with the given caps (one per option of the range)."""
@@ -106,6 +116,8 @@ def reach(groups: Groups, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """``(R, fitted)``: ``R[g]`` (``g = 0..n``), the most the groups before ``g`` may weigh with a
     feasible completion (``R[n] = capacity``; below 0 from some ``g`` down: infeasible), and every
     option's cap less what the rest needs (``min(cap, R[g + 1] - w)``; below 0: never chosen)."""
+    if groups.binary:
+        return _binary_reach(groups, capacity)
     n = groups.count
     room = [0] * n + [capacity]
     fitted = groups.caps.tolist()
@@ -123,6 +135,33 @@ def reach(groups: Groups, capacity: int) -> tuple[np.ndarray, np.ndarray]:
             fitted[: starts[g]] = [-1] * starts[g]
             break
     return np.array(room, dtype=np.int64), np.array(fitted, dtype=np.int64)
+
+
+def _binary_reach(groups: Groups, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """``reach`` for 0/1 items (options: leave out, take), in one loop over the items."""
+    n = groups.count
+    skip, take, weights = (
+        groups.caps[0::2].tolist(),
+        groups.caps[1::2].tolist(),
+        groups.weights[1::2].tolist(),
+    )
+    room, fit_skip, fit_take = [0] * n + [capacity], [0] * n, [0] * n
+    after = capacity
+    for g in range(n - 1, -1, -1):
+        s, t = skip[g], after - weights[g]
+        s = after if after < s else s
+        t = take[g] if take[g] < t else t
+        fit_skip[g], fit_take[g] = s, t
+        after = room[g] = s if s > t else t
+    fitted = np.empty(2 * n, dtype=np.int64)
+    fitted[0::2], fitted[1::2] = fit_skip, fit_take
+    room_array = np.array(room, dtype=np.int64)
+    infeasible = np.flatnonzero(room_array < 0)
+    if len(infeasible):  # nothing fits from there down: every earlier prefix fails too
+        last = int(infeasible.max())
+        room_array[:last] = -1
+        fitted[: 2 * last] = np.minimum(fitted[: 2 * last], -1)
+    return room_array, fitted
 
 
 def choice_violation(groups: Groups, choice: np.ndarray, capacity: int) -> str | None:
