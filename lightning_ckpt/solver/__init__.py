@@ -1,7 +1,9 @@
-"""Exact 0/1 knapsack solver in O(W) memory (imports neither torch nor lightning).
+"""Exact 0/1 and multiple-choice knapsack solver in O(W) memory (imports neither torch nor lightning).
 
-One entry point, ``solve_knapsack``; which engine runs depends on the method and on whether prefix
-capacities are given:
+Two entry points: ``solve_knapsack`` (0/1 items) and ``solve_choices`` (one option per group under
+prefix capacities: op-level plans; the capped engine, as for ``solve_knapsack`` with caps, whose
+0/1 items are its two-option groups). For ``solve_knapsack``, which engine runs depends on the
+method and on whether prefix capacities are given:
 
 =============  ===========================================  ==========================================
 ``method``     without ``prefix_capacities``                with ``prefix_capacities`` (or skip caps)
@@ -40,11 +42,23 @@ Example:
     Traceback (most recent call last):
     ...
     ValueError: `method` must be one of 'auto', 'hirschberg' with prefix capacities, got 'greedy'
+    >>> solve_choices([[0, 3, 5], [0, 4]], [[0.0, 4.0, 6.0], [0.0, 5.0]], 8).choice  # one option per group
+    (1, 1)
 """
 
 from lightning_ckpt.solver.api import KnapsackResult, SolveStats, solve_knapsack
+from lightning_ckpt.solver.choices import ChoiceResult, solve_choices
 from lightning_ckpt.solver.options import SolverOptions
 from lightning_ckpt.solver.quantize import quantize
 from lightning_ckpt.solver.runtime.backend import KERNEL
 
-__all__ = ["KERNEL", "KnapsackResult", "SolveStats", "SolverOptions", "quantize", "solve_knapsack"]
+__all__ = [
+    "KERNEL",
+    "ChoiceResult",
+    "KnapsackResult",
+    "SolveStats",
+    "SolverOptions",
+    "quantize",
+    "solve_choices",
+    "solve_knapsack",
+]
