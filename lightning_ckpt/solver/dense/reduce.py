@@ -111,7 +111,7 @@ def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.n
         >>> fixed_in.tolist(), fixed_out.tolist()
         ([True, False, False], [False, False, True])
     """
-    order = np.lexsort((np.arange(len(weights)), -(values / weights)))
+    order = np.argsort(-(values / weights), kind="stable")  # best ratio first, ties by index
     w, v = weights[order], values[order]
     prefix = np.cumsum(w)
     brk = int(np.searchsorted(prefix, capacity, side="right"))
@@ -154,7 +154,9 @@ def merge_identical(weights: np.ndarray, values: np.ndarray, index: np.ndarray) 
             "members": idx,
             "starts": starts,
         }
-    copies = [_bundle_sizes(int(m)) for m in sizes]
+    copies = [[1]] * len(sizes)  # a lone item is one bundle of one copy
+    for g in np.flatnonzero(sizes > 1).tolist():
+        copies[g] = _bundle_sizes(int(sizes[g]))
     group = np.repeat(np.arange(len(sizes)), [len(c) for c in copies])
     copies_flat = np.fromiter(itertools.chain.from_iterable(copies), dtype=np.int64, count=len(group))
     first = starts[:-1][group]
