@@ -85,10 +85,16 @@ def _trivial(weights, values, index, capacity):
     return taken, kept
 
 
-def _greedy_lower_bound(weights: np.ndarray, values: np.ndarray, capacity: int) -> float:
-    """Value of the ratio-greedy solution (items assumed sorted by ratio, best first)."""
-    room, total = capacity, 0.0
-    for w, v in zip(weights.tolist(), values.tolist(), strict=True):
+def _greedy_lower_bound(weights: np.ndarray, values: np.ndarray, capacity: int, brk: int) -> float:
+    """Value of the ratio-greedy solution (items sorted by ratio, best first; the first ``brk`` fit
+    together). Past them only items lighter than the room left can fit (it only shrinks); values
+    are added one by one in item order, as a plain loop over all items would."""
+    total = 0.0
+    for v in values[:brk].tolist():
+        total += v
+    room = capacity - int_total(weights[:brk])
+    light = np.flatnonzero(weights[brk:] <= room) + brk
+    for w, v in zip(weights[light].tolist(), values[light].tolist(), strict=True):
         if w <= room:
             room -= w
             total += v
@@ -121,7 +127,7 @@ def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.n
     ratio = v[brk] / w[brk]
     used = int(prefix[brk - 1]) if brk else 0
     z_lp = float(v[:brk].sum()) + ratio * (capacity - used)
-    lower = _greedy_lower_bound(w, v, capacity)
+    lower = _greedy_lower_bound(w, v, capacity, brk)
     margin = _LP_MARGIN_RELATIVE * max(z_lp, 1e-300)
     bound = z_lp - np.abs(v - ratio * w)
     fixable = bound < lower - margin
