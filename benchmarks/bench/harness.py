@@ -100,8 +100,9 @@ class _Bench:
             self.timed_out[key] = min(self.timed_out.get(key, math.inf), _cost(instance, method))
         if row.status != "ok":
             return row
-        row.time_s, row.repeats, row.peak_bytes = (
+        row.time_s, row.cpu_s, row.repeats, row.peak_bytes = (
             result["time_s"],
+            result.get("cpu_s"),
             result["repeats"],
             result.get("peak_bytes"),
         )
