@@ -132,16 +132,18 @@ def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.nd
     when it is one leaf (``hirschberg.is_leaf``) straight into ``profile.solve_leaf``, with no arena.
     """
     n, cap = len(core.weights), core.capacity
-    small = n * (cap + 1) < CALLING_THREAD_MAX_CELLS
-    leaf = small and hirschberg.is_leaf(n, cap, options.leaf_max_cells)  # one bit table, no arena
-    floats = cap + 1 if leaf else hirschberg.arena_size(cap, n, options)
-    advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
-    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})", advice)
-    if leaf:  # what solve_segments would run, without its planning
-        mask = solve_leaf(core.weights, core.values, cap, np.empty(floats))
-        return mask, cell_updates(core.weights, cap), 1
+    cells = n * (cap + 1)
+    parallel = workers > 1 and cells >= options.parallel_min_solve_cells
+    if (
+        not parallel
+        and cells < CALLING_THREAD_MAX_CELLS
+        and hirschberg.is_leaf(n, cap, options.leaf_max_cells)
+    ):
+        return _solve_one_leaf(core)
+    floats = hirschberg.arena_size(cap, n, options)
+    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})", _ADVICE)
     stop = interrupt.new_stop_flag()
-    if workers > 1 and n * (cap + 1) >= options.parallel_min_solve_cells:
+    if parallel:
         shared = interrupt.run_interruptibly(
             lambda: pool.solve_on_workers(
                 core.weights,
@@ -159,6 +161,17 @@ def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.nd
             return *shared, workers
     executor = pool.LocalExecutor(core.weights, core.values, np.empty(floats), options, stop)
     solve = lambda: hirschberg.solve_segments(core.weights, core.values, cap, executor, options)  # noqa: E731
-    if small:
+    if cells < CALLING_THREAD_MAX_CELLS:
         return *solve(), 1
     return *interrupt.run_interruptibly(solve, stop), 1
+
+
+_ADVICE = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
+
+
+def _solve_one_leaf(core: Core) -> tuple[np.ndarray, int, int]:
+    """A core that is one leaf: what ``hirschberg.solve_segments`` would run, without its planning
+    and arena (one profile of ``capacity + 1`` floats and the leaf's bit table)."""
+    cap = core.capacity
+    check_fits(8 * (cap + 1), None, f"the O(W) solver's profiles (capacity {cap})", _ADVICE)
+    return solve_leaf(core.weights, core.values, cap, np.empty(cap + 1)), cell_updates(core.weights, cap), 1
