@@ -199,10 +199,11 @@ def reduce_instance(weights: np.ndarray, values: np.ndarray, capacity: int, *, u
     taken, kept = _trivial(weights, values, index, capacity)
     if len(kept) and use_lp:
         fixed_in, fixed_out = lp_fix(weights[kept], values[kept], capacity)
-        capacity -= int_total(weights[kept[fixed_in]])
-        taken = np.concatenate([taken, kept[fixed_in]])
-        more, kept = _trivial(weights, values, kept[~fixed_in & ~fixed_out], capacity)
-        taken = np.concatenate([taken, more])
+        if fixed_in.any() or fixed_out.any():  # else the trivial step would find what it found before
+            capacity -= int_total(weights[kept[fixed_in]])
+            taken = np.concatenate([taken, kept[fixed_in]])
+            more, kept = _trivial(weights, values, kept[~fixed_in & ~fixed_out], capacity)
+            taken = np.concatenate([taken, more])
     if not len(kept):
         capacity = 0
     parts = (
