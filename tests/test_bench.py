@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from benchmarks.bench import (
     KnapsackInstance,
     Target,
     child,
+    cli,
     format_table,
     harness,
     main,
@@ -157,6 +160,21 @@ def test_runner_is_killed_at_its_time_limit() -> None:
     # torch alone takes longer to import than the time limit
     result = started.call(make_instance("A", 10, 100), kill_after_s=0.01)
     assert result["status"] == "timeout" and not started.alive()
+    assert re.fullmatch(r"timeout: killed after 0 s \(\d+ CPU s\)", result["note"]), result["note"]
+
+
+def test_cpu_time_counts_work_not_waiting() -> None:
+    """Under load a call's wall time grows; its ``cpu_s`` counts only the CPU its process got."""
+
+    def sleep_then_spin() -> list[int]:
+        time.sleep(0.1)
+        end = time.process_time() + 0.02
+        while time.process_time() < end:
+            pass
+        return [0]
+
+    result = child._timed_calls(sleep_then_spin, 0.0, 1)
+    assert result["time_s"] >= 0.1 and 0.02 <= result["cpu_s"] < result["time_s"] - 0.05
 
 
 def test_skip_rules_refuse_large_tables_and_skip_slow_runs_without_running_them() -> None:
@@ -241,3 +259,11 @@ def test_paper_flag_means_the_papers_instances_against_torch_and_highs() -> None
         cli._check_names(parser, args)
         assert (args.families, args.methods) == (families, methods)
     assert {"auto", "hirschberg", "ilp", "torch-sliding", "torch-dp"} <= set(cli.PAPER_METHODS)
+
+
+def test_timeout_s_sets_the_kill_limit_apart_from_the_skip_rule() -> None:
+    """``--timeout-s``: PyTorch's solvers at paper scale run (estimates under ``--max-seconds``) and are
+    killed at the limit given, not at 3x ``--max-seconds``."""
+    assert cli._parser().parse_args(["--timeout-s", "180"]).timeout_s == 180.0
+    assert harness._Bench(BenchOptions(max_seconds=2000, timeout_s=180), 1).kill_after_s == 180
+    assert harness._Bench(BenchOptions(max_seconds=2), 1).kill_after_s == 10.0  # max(3 x, 10 s)

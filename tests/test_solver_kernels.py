@@ -70,6 +70,22 @@ def test_leaf_kernels_record_identical_bits_and_optimal_sets():
         assert values[chosen].sum() == pytest.approx(brute_force_profile(weights, values, capacity)[-1])
 
 
+def test_leaf_kernels_agree_on_long_rows_of_many_blocks_and_bytes():
+    """The numba leaf updates blocks of <= w cells and packs its decisions eight bytes at a time:
+    rows of thousands of cells, light and heavy items, ties (integral values) included."""
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        n, capacity = int(rng.integers(2, 30)), int(rng.integers(100, 3000))
+        weights = rng.integers(1, [9, capacity // 3][trial % 2], n).astype(np.int64)
+        values = rng.integers(0, 6, n).astype(np.float64) if trial % 3 else weights * rng.uniform(0.5, 1.5, n)
+        outs = [np.full(capacity + 1, -1.0) for _ in range(2)]
+        bits = [np.zeros((n, capacity // 8 + 1), dtype=np.uint8) for _ in range(2)]
+        for kernels, out, table in zip((numba_kernels, _kernels_numpy), outs, bits, strict=True):
+            kernels.fill_leaf(weights, values, capacity, out, table, np.zeros(1, np.uint8))
+        np.testing.assert_array_equal(outs[0], outs[1])
+        np.testing.assert_array_equal(bits[0], bits[1])
+
+
 def test_checkpoint_on_the_way_equals_the_prefix_profile_and_keeps_the_full_one():
     rng = np.random.default_rng(4)
     for _ in range(300):

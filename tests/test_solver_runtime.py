@@ -150,6 +150,20 @@ def test_numba_loads_once_the_numpy_work_would_pass_its_load_cost(monkeypatch):
     assert backend.compiled(1, backend.CAPPED_NUMBA) is not None  # and stays, small calls too
 
 
+def test_small_numpy_passes_count_their_items_toward_numbas_load(monkeypatch):
+    """A small leaf's numpy cost is mostly per item (its numpy calls), not per cell: both count, so
+    that a process making thousands of compile-sized solves loads numba too."""
+    from lightning_ckpt.solver.dense.profile import NUMPY_CELLS_PER_ITEM, solve_leaf
+
+    monkeypatch.setattr(backend, "KERNEL", "numba")
+    monkeypatch.setattr(backend, "_LOADED", {})
+    monkeypatch.setattr(backend, "_NUMPY_S", [0.0])
+    chosen = solve_leaf(np.array([1, 2, 3]), np.array([1.0, 1.0, 1.5]), 4, np.empty(5))
+    assert chosen.tolist() == [True, False, True] and not backend._LOADED  # numpy answered
+    expected_s = (3 * 5 + 3 * NUMPY_CELLS_PER_ITEM) * backend.NUMPY_S_PER_CELL[backend.DENSE_NUMBA]
+    assert backend._NUMPY_S[0] == pytest.approx(expected_s)
+
+
 def test_a_mid_sized_solve_in_a_fresh_process_stays_in_numpy():
     """n = 200, W = 1e5 (2.3e7 cells, ~30 ms in numpy) does not pay numba's ~1.2 s load."""
     from tests.test_solver_api import _run_python

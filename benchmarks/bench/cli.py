@@ -64,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
         help="skip runs estimated longer than this (3; 600 with --paper or --targets; 60 with --quick)",
     )
     parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="kill a call running longer than this and report a timeout (default: 3x --max-seconds, at least 10)",
+    )
+    parser.add_argument(
         "--max-memory-gb",
         type=float,
         default=None,
@@ -125,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     default_seconds = 60.0 if args.quick else 600.0 if args.targets or args.paper else 3.0
     options = BenchOptions(
         max_seconds=args.max_seconds or default_seconds,
+        timeout_s=args.timeout_s,
         max_memory_gb=args.max_memory_gb,
         torch_threads=args.torch_threads,
         progress=not args.no_progress,

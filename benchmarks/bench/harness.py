@@ -30,7 +30,9 @@ class BenchOptions:
 
     Attributes:
         max_seconds: skip a run whose estimated time exceeds this (a running one is killed at
-            ``max(3 x, 10 s)``).
+            ``timeout_s``).
+        timeout_s: kill a call running longer than this, reported as a timeout (None:
+            ``max(3 * max_seconds, 10 s)``).
         max_memory_gb: refuse full-table methods whose table exceeds this (None: a quarter of the
             memory available at start).
         torch_threads: torch's intra-op threads in its runner (0: torch's default).
@@ -39,6 +41,7 @@ class BenchOptions:
     """
 
     max_seconds: float = 3.0
+    timeout_s: float | None = None
     max_memory_gb: float | None = None
     torch_threads: int = 1
     progress: bool = True
@@ -64,7 +67,7 @@ class _Bench:
         self.options = options
         self.max_seconds = options.max_seconds
         self.max_memory_bytes = max_memory_bytes
-        self.kill_after_s = max(3.0 * options.max_seconds, 10.0)
+        self.kill_after_s = options.timeout_s or max(3.0 * options.max_seconds, 10.0)
         self.runners: dict[str, _Runner] = {}
         self.first_call_s: dict[str, float] = {}
         self.costliest: dict[tuple[str, str], tuple[int, float]] = {}  # (method, family) -> (cost, s)
@@ -97,8 +100,9 @@ class _Bench:
             self.timed_out[key] = min(self.timed_out.get(key, math.inf), _cost(instance, method))
         if row.status != "ok":
             return row
-        row.time_s, row.repeats, row.peak_bytes = (
+        row.time_s, row.cpu_s, row.repeats, row.peak_bytes = (
             result["time_s"],
+            result.get("cpu_s"),
             result["repeats"],
             result.get("peak_bytes"),
         )

@@ -58,6 +58,7 @@ class BenchRow:
     status: str
     note: str = ""
     time_s: float | None = None
+    cpu_s: float | None = None
     estimated_time_s: float | None = None
     repeats: int = 0
     peak_bytes: int | None = None

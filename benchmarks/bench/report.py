@@ -21,6 +21,7 @@ _COLUMNS = (
     "W",
     "method",
     "time_s",
+    "cpu_s",
     "peak_MB",
     "value",
     "feasible",
@@ -45,6 +46,7 @@ def _cells(row: BenchRow) -> list[str]:
         _short(row.capacity),
         row.method,
         f"{row.time_s:.3g}" if ok else "-",
+        f"{row.cpu_s:.3g}" if ok and row.cpu_s is not None else "-",
         f"{row.peak_bytes / BYTES_PER_MB:.1f}" if ok and row.peak_bytes is not None else "-",
         f"{row.value:.10g}" if row.value is not None else "-",
         feasible,
@@ -59,8 +61,8 @@ def format_table(rows: Sequence[BenchRow]) -> str:
 
     Example:
         >>> print(format_table([BenchRow("A", 3, 10, "greedy", "n/a", note="n/a (solver)")]))
-        family  n  W   method  time_s  peak_MB  value  feasible  gap  vs_torch  Gcell/s
-        A       3  10  greedy  -       -        -      -         -    -         -        n/a (solver)
+        family  n  W   method  time_s  cpu_s  peak_MB  value  feasible  gap  vs_torch  Gcell/s
+        A       3  10  greedy  -       -      -        -      -         -    -         -        n/a (solver)
     """
     table = [list(_COLUMNS)] + [_cells(row) for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS))]
@@ -109,7 +111,8 @@ def _header(report: BenchReport) -> str:
         f"# {machine['processor'] or 'unknown CPU'}, {machine['cpus']} CPUs; python {machine['python']}, "
         f"numpy {machine['numpy']}, numba {machine['numba']}, torch {machine['torch']}\n"
         f"# time: best of up to {MAX_REPEATS} calls within {report.options.repeat_budget_s:g} s, "
-        "warm process; peak_MB: "
+        "warm process; cpu_s: the runner's CPU time in that call (its threads, not its worker processes; under load "
+        "time_s grows, cpu_s much less); peak_MB: "
         "resident growth during the call (process tree); gap vs the best feasible exact value; vs_torch: "
         f"{TORCH_REFERENCE} time / this time (~: torch time estimated); Gcell/s = n*W / time\n"
         f"# skip rule: estimated time > {report.options.max_seconds:g} s; full tables > "

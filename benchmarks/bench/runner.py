@@ -42,6 +42,19 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user and system, all threads) the live processes ``pids`` have used."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _pss_bytes(pids: list[int]) -> int:
     """Total proportional set size of ``pids``: shared pages are split, so the sum counts them once."""
     total_kb = 0
@@ -88,13 +101,16 @@ class _Runner:
         pid = self.process.pid
         baseline_bytes = _pss_bytes([pid, *_descendants(pid)])
         tree_peak_bytes = baseline_bytes
+        baseline_cpu_s = _cpu_seconds([pid, *_descendants(pid)])
         pickle.dump(request, self.process.stdin)
         self.process.stdin.flush()
         start = time.perf_counter()
         while not select.select([self.process.stdout], [], [], _sample_interval_s(start))[0]:
             if time.perf_counter() - start > kill_after_s:
+                cpu_s = _cpu_seconds([pid, *_descendants(pid)]) - baseline_cpu_s
                 self.kill()
-                return {"status": "timeout", "note": f"timeout: killed after {kill_after_s:.0f} s"}
+                note = f"timeout: killed after {kill_after_s:.0f} s ({cpu_s:.0f} CPU s)"
+                return {"status": "timeout", "note": note}
             children = _descendants(pid)
             if children:
                 tree_peak_bytes = max(tree_peak_bytes, _pss_bytes([pid, *children]))

@@ -4,7 +4,8 @@ What a caller that solves many small knapsacks pays per call: ``torch.compile``-
 instances (n = 42-54, W up to 5,000), callback-sized capped ones (GPT-like blocks n = 8 and 200,
 family P n = 300 at W = 1.4e8) and uncapped n = 300, W = 1e4. Each tree (this one, and ``--base``,
 a checkout of another commit) runs in its own child process, once with the numba kernels loaded
-first and once without (numpy until its work passes numba's load cost); rounds alternate the
+first and once with numba off (``LIGHTNING_CKPT_NO_NUMBA=1``: what a process pays before its
+numpy work passes numba's load cost); rounds alternate the
 trees, and the table shows the best time per call (best of the calls that fit in 0.2 s) over the
 rounds, and the ratio base / this (above 1: this tree is faster). Instances are made here and
 handed over in a file.
@@ -67,6 +68,8 @@ def instances() -> dict[str, tuple]:
 
 def _child(tree: str, path: str, names: list[str], numba: bool) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=tree)
+    if not numba:  # numpy throughout: many small solves would load numba after about a second
+        env["LIGHTNING_CKPT_NO_NUMBA"] = "1"
     code = _CODE.format(path=path, names=names, numba=numba)
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True

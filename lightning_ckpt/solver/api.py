@@ -178,13 +178,16 @@ def solve_knapsack(
             weight_array, value_array, capacity, use_lp=method == "auto", workers=workers, options=options
         )
         chosen = dense.chosen
-        stats = dataclasses.replace(
-            stats,
-            core_items=dense.core_items,
-            core_capacity=dense.core_capacity,
-            cell_updates=dense.cells,
-            workers_used=dense.workers_used,
-            path=dense.path,
+        stats = SolveStats(  # not dataclasses.replace: 6 us, a tenth of a small solve
+            method,
+            KERNEL,
+            n,
+            capacity,
+            dense.core_items,
+            dense.core_capacity,
+            dense.cells,
+            dense.workers_used,
+            dense.path,
         )
     elif method == "dp":
         chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)

@@ -97,7 +97,10 @@ def _entries(name: str, seq: object, kind: str, convert, dtype) -> np.ndarray:
 
 def _integral_array(name: str, seq: object) -> np.ndarray:
     array = _to_array(name, seq, _WEIGHT_KIND)
-    if array.dtype.kind in "iuf" and not _holds_bools(seq):
+    if array.dtype.kind in "iu" and len(array) and not _holds_bools(seq):  # two reductions, no temporaries
+        if array.min() >= 0 and array.max() <= MAX_INTEGER:
+            return array.astype(np.int64)
+    elif array.dtype.kind in "iuf" and not _holds_bools(seq):
         with np.errstate(invalid="ignore"):
             bad = ~np.isfinite(array) | (array < 0) | (array > MAX_INTEGER) | (np.floor(array) != array)
         if not bad.any():
@@ -113,7 +116,7 @@ def _value_array(name: str, seq: object) -> np.ndarray:
     array = _to_array(name, seq, _VALUE_KIND)
     if array.dtype.kind in "iuf" and not _holds_bools(seq):
         floats = array.astype(np.float64)
-        if np.isfinite(floats).all() and (floats >= 0).all():
+        if not len(floats) or (floats.min() >= 0 and floats.max() < math.inf):  # NaN fails min() >= 0
             return floats
     return _entries(name, array if isinstance(seq, np.ndarray) else seq, _VALUE_KIND, _real, np.float64)
 

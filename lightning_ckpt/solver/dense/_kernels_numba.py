@@ -10,10 +10,15 @@ can be processed upward (their sources lie entirely below them), which lets LLVM
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from lightning_ckpt.solver.dense import _kernels_numpy
 from lightning_ckpt.solver.runtime.jit import kernel_jit
+
+if sys.byteorder != "little":  # the leaf's bit packing reads bytes as a little-endian word
+    raise ImportError("the numba kernels pack decision bits for little-endian machines only")
 
 _jit = kernel_jit()
 
@@ -30,13 +35,42 @@ def _apply(out, w, v, hi):  # pragma: no cover - compiled
         _apply_range(out, w, v, w, hi + 1)
 
 
+_PACK = np.uint64(0x0102040810204080)
+"""Times eight bytes of 0 or 1 read as a little-endian uint64: byte ``k`` lands on bit ``56 + k``
+(the other products fall on distinct lower bits, so nothing carries into the top byte)."""
+
+
 @_jit
-def _apply_recording(out, w, v, hi, bits):  # pragma: no cover - compiled
-    for j in range(hi, w - 1, -1):
-        c = out[j - w] + v
-        if c > out[j]:
-            out[j] = c
-            bits[j >> 3] |= np.uint8(1 << (j & 7))
+def _apply_recording(out, w, v, hi, bits, keep):  # pragma: no cover - compiled
+    """One item on ``out[:hi + 1]``, setting bit ``j`` of ``bits`` (zeros) where it improved
+    ``out[j]``: blocks of <= w entries, top block first, as ``_apply_range`` (the loop vectorizes),
+    each decision a byte of ``keep`` (the scratch row, a multiple of 8 bytes), then packed eight
+    at a time. A zero weight takes the scalar loop."""
+    if w == 0:
+        for j in range(hi + 1):
+            c = out[j] + v
+            if c > out[j]:
+                out[j] = c
+                bits[j >> 3] |= np.uint8(1 << (j & 7))
+        return
+    top = hi + 1
+    while top > w:
+        bottom = max(w, top - w)
+        src = out[bottom - w : top - w]
+        dst = out[bottom:top]
+        kept = keep[bottom:top]
+        for t in range(top - bottom):
+            c = src[t] + v
+            old = dst[t]
+            kept[t] = c > old
+            dst[t] = c if c > old else old
+        top = bottom
+    first, last = w >> 3, hi >> 3
+    keep[first * 8 : w] = 0
+    keep[hi + 1 : last * 8 + 8] = 0
+    words = keep.view(np.uint64)
+    for b in range(first, last + 1):
+        bits[b] = np.uint8((words[b] * _PACK) >> np.uint64(56))
 
 
 @_jit
@@ -122,6 +156,7 @@ def extend(weights, values, capacity, out, reach, window, k_max, tile, stop):  #
 def fill_leaf(weights, values, capacity, out, keep_bits, stop):  # pragma: no cover - compiled
     out[0] = 0.0
     reach = 0
+    keep = np.zeros(8 * keep_bits.shape[1], dtype=np.uint8)
     for i in range(len(weights)):
         w = weights[i]
         if stop[0] != 0:
@@ -130,7 +165,7 @@ def fill_leaf(weights, values, capacity, out, keep_bits, stop):  # pragma: no co
             continue
         new_reach = min(capacity, reach + w)
         out[reach + 1 : new_reach + 1] = out[reach]
-        _apply_recording(out, w, values[i], new_reach, keep_bits[i])
+        _apply_recording(out, w, values[i], new_reach, keep_bits[i], keep)
         reach = new_reach
     out[reach + 1 : capacity + 1] = out[reach]
 

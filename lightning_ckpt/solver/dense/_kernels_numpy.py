@@ -40,13 +40,8 @@ def extend(
     return reach
 
 
-def _improved(out: np.ndarray, w: int, v: float, hi: int) -> np.ndarray:
-    """Apply one item to ``out[w:hi + 1]`` in place; return where it strictly improved."""
-    dst = out[w : hi + 1]
-    candidate = out[: hi + 1 - w] + v  # a copy: reads the profile before this item
-    improved = candidate > dst
-    np.maximum(dst, candidate, out=dst)
-    return improved
+_DECISION_BYTES = 1 << 20
+"""Bytes of unpacked decisions ``fill_leaf`` holds before packing them (a block of rows)."""
 
 
 def fill_leaf(
@@ -57,22 +52,31 @@ def fill_leaf(
     keep_bits: np.ndarray,
     stop: np.ndarray,
 ) -> None:
-    """Like ``profile``, also setting bit ``c`` of ``keep_bits[i]`` where item ``i`` improved ``c``
-    (stops early, unfinished, once ``stop[0]`` is set)."""
+    """Like ``profile``, also setting bit ``c`` of ``keep_bits[i]`` where item ``i`` improved
+    ``c`` (stops early, unfinished, once ``stop[0]`` is set). Decisions are written as bools, one
+    row per item, and packed once per block of rows of at most ``_DECISION_BYTES`` (two numpy calls
+    an item fewer than packing each row)."""
     out[0] = 0.0
-    reach = 0
-    row = np.zeros(keep_bits.shape[1] * 8, dtype=np.bool_)
+    reach, n, width = 0, len(weights), keep_bits.shape[1] * 8
+    block = np.zeros((min(n, max(1, _DECISION_BYTES // width)), width), dtype=np.bool_)
+    start = 0
     for i, (w, v) in enumerate(zip(weights.tolist(), values.tolist(), strict=True)):
         if stop[0]:
             return
+        if i - start == len(block):
+            keep_bits[start:i] = np.packbits(block, axis=1, bitorder="little")
+            block[:] = False
+            start = i
         if w > capacity:
             continue
         new_reach = min(capacity, reach + w)
         out[reach + 1 : new_reach + 1] = out[reach]
-        row[:] = False
-        row[w : new_reach + 1] = _improved(out, w, v, new_reach)
-        keep_bits[i] = np.packbits(row, bitorder="little")
+        dst = out[w : new_reach + 1]
+        candidate = out[: new_reach + 1 - w] + v  # a copy: reads the profile before this item
+        np.greater(candidate, dst, out=block[i - start, w : new_reach + 1])
+        np.maximum(dst, candidate, out=dst)
         reach = new_reach
+    keep_bits[start:n] = np.packbits(block[: n - start], axis=1, bitorder="little")
     out[reach + 1 : capacity + 1] = out[reach]
 
 

@@ -48,7 +48,7 @@ from lightning_ckpt.solver.dense.profile import best_split, cell_updates, profil
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime.pool import Executor, RangeTask
 
-__all__ = ["Task", "arena_size", "solve_segments", "split_point"]
+__all__ = ["Task", "arena_size", "is_leaf", "solve_segments", "split_point"]
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def split_point(weights: np.ndarray, lo: int, hi: int, capacity: int) -> int:
     return min(costs, key=lambda m: (costs[m], m))
 
 
-def _is_leaf(n_items: int, capacity: int, leaf_max_cells: int) -> bool:
+def is_leaf(n_items: int, capacity: int, leaf_max_cells: int) -> bool:
     """The rule depends only on the segment (never on ``workers``), so every run splits the
     instance the same way and returns the same set."""
     return n_items * (capacity + 1) <= leaf_max_cells
@@ -173,7 +173,7 @@ def _plan_level(
             chosen[lo:hi] = True
         elif hi - lo == 1:  # a single item heavier than the capacity
             continue
-        elif _is_leaf(hi - lo, cap, leaf_max_cells):
+        elif is_leaf(hi - lo, cap, leaf_max_cells):
             tasks.append(Task("leaf", lo, hi, cap, offset))
         else:
             mid = seg.mid if seg.saved_len else split_point(weights, lo, hi, cap)
@@ -194,7 +194,7 @@ def _with_checkpoints(
         lo, hi, cap = task.lo, task.hi, task.capacity
         # worth it only if the range can still split at the next level (capacity <= cap)
         reachable = min(cap, prefix[hi] - prefix[lo] - 1)
-        if task.kind != "profile" or hi - lo < 2 or _is_leaf(hi - lo, reachable, leaf_max_cells):
+        if task.kind != "profile" or hi - lo < 2 or is_leaf(hi - lo, reachable, leaf_max_cells):
             continue
         mid = split_point(weights, lo, hi, cap)
         offers.append(

@@ -32,9 +32,18 @@ from lightning_ckpt.solver.runtime.interrupt import new_stop_flag, raise_if_stop
 __all__ = ["best_split", "cell_updates", "profile", "solve_leaf"]
 
 
-def _kernels(cells: int):
-    """The kernel module for a call of ``cells`` DP cells (``runtime.backend`` decides)."""
-    return backend.compiled(cells, backend.DENSE_NUMBA) or _kernels_numpy
+NUMPY_CELLS_PER_ITEM = 2048
+"""What one item's pass costs the numpy kernels beyond its cells, in cells at
+``backend.NUMPY_S_PER_CELL`` (about 3 us: its 4-6 numpy calls; measured 2026-12-01 on rows of 10
+cells, the 2-core VM under load: 6-12 us an item in a leaf, 2.5-4.5 us in a profile pass). Counted
+in the ski-rental rule, so that a process making many small solves loads numba too, once their
+numpy time would pass its load cost."""
+
+
+def _kernels(cells: int, items: int = 0):
+    """The kernel module for a call of ``cells`` DP cells over ``items`` items (``runtime.backend``
+    decides)."""
+    return backend.compiled(cells + items * NUMPY_CELLS_PER_ITEM, backend.DENSE_NUMBA) or _kernels_numpy
 
 
 def _as_items(weights: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -78,7 +87,7 @@ def profile(
     """
     weights, values = _as_items(weights, values)
     capacity, stop = int(capacity), new_stop_flag() if stop is None else stop
-    kernels = _kernels(len(weights) * (capacity + 1))
+    kernels = _kernels(len(weights) * (capacity + 1), len(weights))
     out[0] = 0.0
     reach = 0
     if save_at is not None:
@@ -120,7 +129,7 @@ def solve_leaf(
     weights, values = _as_items(weights, values)
     keep_bits = np.zeros((len(weights), (int(capacity) >> 3) + 1), dtype=np.uint8)
     stop = new_stop_flag() if stop is None else stop
-    kernels = _kernels(len(weights) * (int(capacity) + 1))
+    kernels = _kernels(len(weights) * (int(capacity) + 1), len(weights))
     kernels.fill_leaf(weights, values, int(capacity), out, keep_bits, stop)
     raise_if_stopped(stop)
     chosen = np.zeros(len(weights), dtype=np.bool_)

@@ -85,10 +85,16 @@ def _trivial(weights, values, index, capacity):
     return taken, kept
 
 
-def _greedy_lower_bound(weights: np.ndarray, values: np.ndarray, capacity: int) -> float:
-    """Value of the ratio-greedy solution (items assumed sorted by ratio, best first)."""
-    room, total = capacity, 0.0
-    for w, v in zip(weights.tolist(), values.tolist(), strict=True):
+def _greedy_lower_bound(weights: np.ndarray, values: np.ndarray, capacity: int, brk: int) -> float:
+    """Value of the ratio-greedy solution (items sorted by ratio, best first; the first ``brk`` fit
+    together). Past them only items lighter than the room left can fit (it only shrinks); values
+    are added one by one in item order, as a plain loop over all items would."""
+    total = 0.0
+    for v in values[:brk].tolist():
+        total += v
+    room = capacity - int_total(weights[:brk])
+    light = np.flatnonzero(weights[brk:] <= room) + brk
+    for w, v in zip(weights[light].tolist(), values[light].tolist(), strict=True):
         if w <= room:
             room -= w
             total += v
@@ -111,7 +117,7 @@ def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.n
         >>> fixed_in.tolist(), fixed_out.tolist()
         ([True, False, False], [False, False, True])
     """
-    order = np.lexsort((np.arange(len(weights)), -(values / weights)))
+    order = np.argsort(-(values / weights), kind="stable")  # best ratio first, ties by index
     w, v = weights[order], values[order]
     prefix = np.cumsum(w)
     brk = int(np.searchsorted(prefix, capacity, side="right"))
@@ -121,7 +127,7 @@ def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.n
     ratio = v[brk] / w[brk]
     used = int(prefix[brk - 1]) if brk else 0
     z_lp = float(v[:brk].sum()) + ratio * (capacity - used)
-    lower = _greedy_lower_bound(w, v, capacity)
+    lower = _greedy_lower_bound(w, v, capacity, brk)
     margin = _LP_MARGIN_RELATIVE * max(z_lp, 1e-300)
     bound = z_lp - np.abs(v - ratio * w)
     fixable = bound < lower - margin
@@ -154,7 +160,9 @@ def merge_identical(weights: np.ndarray, values: np.ndarray, index: np.ndarray) 
             "members": idx,
             "starts": starts,
         }
-    copies = [_bundle_sizes(int(m)) for m in sizes]
+    copies = [[1]] * len(sizes)  # a lone item is one bundle of one copy
+    for g in np.flatnonzero(sizes > 1).tolist():
+        copies[g] = _bundle_sizes(int(sizes[g]))
     group = np.repeat(np.arange(len(sizes)), [len(c) for c in copies])
     copies_flat = np.fromiter(itertools.chain.from_iterable(copies), dtype=np.int64, count=len(group))
     first = starts[:-1][group]
@@ -191,10 +199,11 @@ def reduce_instance(weights: np.ndarray, values: np.ndarray, capacity: int, *, u
     taken, kept = _trivial(weights, values, index, capacity)
     if len(kept) and use_lp:
         fixed_in, fixed_out = lp_fix(weights[kept], values[kept], capacity)
-        capacity -= int_total(weights[kept[fixed_in]])
-        taken = np.concatenate([taken, kept[fixed_in]])
-        more, kept = _trivial(weights, values, kept[~fixed_in & ~fixed_out], capacity)
-        taken = np.concatenate([taken, more])
+        if fixed_in.any() or fixed_out.any():  # else the trivial step would find what it found before
+            capacity -= int_total(weights[kept[fixed_in]])
+            taken = np.concatenate([taken, kept[fixed_in]])
+            more, kept = _trivial(weights, values, kept[~fixed_in & ~fixed_out], capacity)
+            taken = np.concatenate([taken, more])
     if not len(kept):
         capacity = 0
     parts = (

@@ -9,7 +9,8 @@ instances in milliseconds whatever W is; past ``max_sparse_states`` states (at m
 capacity unit, and ``SolverOptions.sparse_max_states``, 4M) it gives up. ``"hirschberg"`` keeps only the trivial reductions and the
 common divisor, and no sparse try. What is left, the *core*, goes to Hirschberg's divide and conquer
 (``hirschberg.py``) over value profiles (``profile.py``), in a helper thread that Ctrl-C stops
-(below ``CALLING_THREAD_MAX_CELLS`` = 1M core cells, in this thread):
+(below ``CALLING_THREAD_MAX_CELLS`` = 1M core cells, in this thread, and a core that is one leaf
+straight into its bit table):
 on worker processes sharing one arena when ``workers > 1`` and the core has at least
 ``SolverOptions.parallel_min_solve_cells`` cells, else in this process.
 
@@ -29,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from lightning_ckpt.solver.dense import hirschberg
+from lightning_ckpt.solver.dense.profile import cell_updates, solve_leaf
 from lightning_ckpt.solver.dense.reduce import Core, reduce_instance
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
@@ -126,14 +128,22 @@ def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.nd
 
     It runs in a helper thread, so that Ctrl-C stops it (and its workers) at once; a core of fewer
     than ``CALLING_THREAD_MAX_CELLS`` cells, done in about a millisecond, runs in this thread
-    (starting and joining the helper cost 0.1-0.4 ms, more than the whole solve of 50 items).
+    (starting and joining the helper cost 0.1-0.4 ms, more than the whole solve of 50 items), and
+    when it is one leaf (``hirschberg.is_leaf``) straight into ``profile.solve_leaf``, with no arena.
     """
     n, cap = len(core.weights), core.capacity
+    cells = n * (cap + 1)
+    parallel = workers > 1 and cells >= options.parallel_min_solve_cells
+    if (
+        not parallel
+        and cells < CALLING_THREAD_MAX_CELLS
+        and hirschberg.is_leaf(n, cap, options.leaf_max_cells)
+    ):
+        return _solve_one_leaf(core)
     floats = hirschberg.arena_size(cap, n, options)
-    advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
-    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})", advice)
+    check_fits(8 * floats, None, f"the O(W) solver's profiles (capacity {cap})", _ADVICE)
     stop = interrupt.new_stop_flag()
-    if workers > 1 and n * (cap + 1) >= options.parallel_min_solve_cells:
+    if parallel:
         shared = interrupt.run_interruptibly(
             lambda: pool.solve_on_workers(
                 core.weights,
@@ -151,6 +161,17 @@ def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.nd
             return *shared, workers
     executor = pool.LocalExecutor(core.weights, core.values, np.empty(floats), options, stop)
     solve = lambda: hirschberg.solve_segments(core.weights, core.values, cap, executor, options)  # noqa: E731
-    if n * (cap + 1) < CALLING_THREAD_MAX_CELLS:
+    if cells < CALLING_THREAD_MAX_CELLS:
         return *solve(), 1
     return *interrupt.run_interruptibly(solve, stop), 1
+
+
+_ADVICE = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
+
+
+def _solve_one_leaf(core: Core) -> tuple[np.ndarray, int, int]:
+    """A core that is one leaf: what ``hirschberg.solve_segments`` would run, without its planning
+    and arena (one profile of ``capacity + 1`` floats and the leaf's bit table)."""
+    cap = core.capacity
+    check_fits(8 * (cap + 1), None, f"the O(W) solver's profiles (capacity {cap})", _ADVICE)
+    return solve_leaf(core.weights, core.values, cap, np.empty(cap + 1)), cell_updates(core.weights, cap), 1

@@ -8,10 +8,12 @@ This module decides, per call, which of the two runs:
   ``0``), else ``"numpy"``; it names the back end of large problems (``SolveStats.kernel``);
 - numba is imported (and its cached kernels loaded) once the numpy kernels' work in this process,
   the call at hand included, would pass what loading numba costs (``NUMBA_LOAD_S``, estimated
-  from the calls' DP cells at ``NUMPY_S_PER_CELL``): the ski-rental rule, never more than about
-  twice the better of "numpy throughout" and "numba from the start" whatever calls come next.
-  Small solves (callback-sized, ``torch.compile``-sized) thus never pay numba's load in a fresh
-  process; a large one loads it at once. Once it is loaded, every call of every engine uses it;
+  from the calls' DP cells at ``NUMPY_S_PER_CELL``; the uncapped engine also counts each item's
+  fixed numpy cost as cells, ``dense.profile.NUMPY_CELLS_PER_ITEM``): the ski-rental rule, never
+  more than about twice the better of "numpy throughout" and "numba from the start" whatever calls
+  come next. Small solves (callback-sized, ``torch.compile``-sized) thus never pay numba's load in a
+  fresh process (a few thousand of them do, once their numpy time would have); a large one loads it
+  at once. Once it is loaded, every call of every engine uses it;
 - a numba kernel module that fails to import (numba present but broken, or unable to compile:
   ``jit.py``) counts as absent: its engine stays on numpy, with one warning that says why.
 

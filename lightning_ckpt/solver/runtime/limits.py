@@ -23,20 +23,24 @@ _LIMITS = (("RLIMIT_AS", "VmSize"), ("RLIMIT_DATA", "VmData"))  # limit, what it
 
 
 def mappable_bytes() -> int | None:
-    """Bytes this process may still map under its soft address-space and data limits, or None."""
+    """Bytes this process may still map under its soft address-space and data limits, or None.
+
+    ``/proc/self/status`` is read only when a limit is set (most processes have none: the small
+    solves that ask before each allocation then pay one ``getrlimit`` per limit, about 1 us).
+    """
     try:
         import resource
     except ImportError:  # not a Unix
         return None
-    mapped = _mapped_bytes()
-    rooms = []
+    limits = {}
     for limit_name, counted in _LIMITS:
         limit = getattr(resource, limit_name, None)
-        if limit is None or counted not in mapped:
-            continue
-        soft, _hard = resource.getrlimit(limit)
-        if soft != resource.RLIM_INFINITY:
-            rooms.append(max(soft - mapped[counted], 0))
+        if limit is not None:
+            soft, _hard = resource.getrlimit(limit)
+            if soft != resource.RLIM_INFINITY:
+                limits[counted] = soft
+    mapped = _mapped_bytes() if limits else {}
+    rooms = [max(soft - mapped[counted], 0) for counted, soft in limits.items() if counted in mapped]
     return min(rooms) if rooms else None
 
 
