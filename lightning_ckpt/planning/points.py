@@ -51,6 +51,7 @@ __all__ = [
     "last_step_held_bytes",
     "peak_of_points",
     "peak_points",
+    "recompute_phases",
 ]
 
 Literal = tuple[int, bool]
@@ -159,15 +160,8 @@ def peak_points(profile: StepProfile, *, zero_grad: ZeroGrad | None = None) -> t
             specs.append((phase.time, (index, KEPT), extra, (index, True), False))
             specs.append((phase.time, (index, RECOMPUTED), extra, (index, False), False))
             if recomputing.get(index) == k:  # its recomputation, from what is live as the phase starts
-                specs.append(
-                    (
-                        phase.time,
-                        (index, CHECKPOINTED),
-                        extra + _recompute_bytes(phase, profile, index),
-                        (index, False),
-                        False,
-                    )
-                )
+                recompute = extra + _recompute_bytes(phase, profile, index)
+                specs.append((phase.time, (index, CHECKPOINTED), recompute, (index, False), False))
     return (PeakPoint(optimizer_step, _zeros(len(names))), *_StorageTable(profile, names).points(specs))
 
 
