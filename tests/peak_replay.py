@@ -5,7 +5,9 @@ once; this replays the same step for one choice, the way the memory model reads,
 ``tests/test_peak_points.py`` checks that the two agree. For each measured phase (a point of the
 backward, see :class:`lightning_ckpt.core.profile_types.BackwardPhase`) it adds the saved storages alive there
 under the checkpointing choice and the phase's measured extra (gradients, temporaries); a checkpointed
-candidate being recomputed at that point counts as kept. The optimizer step is one more phase, with no
+candidate in its own backward holds its saves, made again, and its inputs, and its recomputation adds
+one more point at its first phase: the bytes live as that phase starts plus what the recomputation
+allocates (``recompute_extra_bytes``). The optimizer step is one more phase, with no
 activations left and its own temporaries. The peak is the largest phase plus the static bytes
 (parameters, gradients, optimizer state, buffers).
 """
@@ -55,21 +57,27 @@ def replay_peak_bytes(
         phases = [p for p in profile.phases if p.candidate == candidate and not p.if_checkpointed]
         if not phases:
             continue
+        # in its backward a checkpointed candidate holds its recomputed saves and the inputs it keeps
+        recomputed, kept = starts.recomputed(candidate), starts.without(candidate)
         held = np.array(
             [
-                held_at(starts.at(phase, starts.without(candidate)), starts.nbytes, [phase.time])[0]
-                for phase in phases
+                held_at(starts.at(p, kept if p.forward else recomputed), starts.nbytes, [p.time])[0]
+                for p in phases
             ]
         )
-        recomputed = recompute.get(candidate, 0)  # only in the backward: its forward phase has it already
         extra = np.array(
-            [
-                p.extra_bytes + last_step_held_bytes(p, profile, when) + (0 if p.forward else recomputed)
-                for p in phases
-            ],
-            dtype=np.int64,
+            [p.extra_bytes + last_step_held_bytes(p, profile, when) for p in phases], dtype=np.int64
         )
         peak = max(peak, int((held + extra).max()))
+        backward = [p for p in phases if not p.forward]
+        if candidate in chosen and backward:  # its recomputation runs as the backward enters its first phase
+            first = backward[0]
+            entry = first.extra_bytes if first.entry_extra_bytes is None else first.entry_extra_bytes
+            held_before = held_at(starts.base, starts.nbytes, [first.time])[0]
+            peak = max(
+                peak,
+                int(held_before + entry + last_step_held_bytes(first, profile, when) + recompute[candidate]),
+            )
     own = [p for p in profile.phases if p.if_checkpointed and p.candidate in chosen]
     if own:  # a checkpointed candidate's own forward: its inputs kept, its saves never made
         held = np.array([held_at(starts.at(p, starts.base), starts.nbytes, [p.time])[0] for p in own])
@@ -148,6 +156,17 @@ class AliveStarts:
     def at(self, phase, starts: np.ndarray) -> np.ndarray:
         """``starts`` at ``phase``: in the forward, autocast's cache holds its casts from their first save."""
         return np.minimum(starts, self.cached) if phase.forward else starts
+
+    def recomputed(self, candidate: str) -> np.ndarray:
+        """The starts while ``candidate`` is in its backward: kept, as :meth:`without`; checkpointed, its
+        saves are made again and the inputs it keeps stay held (its checkpoint releases them at its end)."""
+        if candidate not in self.checkpointed:
+            return self.base
+        starts, rest = self.base.copy(), self.checkpointed - {candidate}
+        for i in self._touching.get(candidate, ()):
+            taken = [seq for name, seq in self.storages[i].inputs if name == candidate]
+            starts[i] = min([alive_from(self.storages[i], rest), *taken])
+        return starts
 
     def without(self, candidate: str) -> np.ndarray:
         """The starts with ``candidate`` not checkpointed."""

@@ -165,3 +165,33 @@ class Qwen2LM(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)
+
+
+class HFVision(L.LightningModule):
+    """A tiny transformers image classifier from its config (random weights): Swin (windowed attention,
+    shifted windows, patch merging) or ResNet (basic layers with BatchNorm), on ``image_loader`` batches."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        torch.manual_seed(0)
+        if kind == "swin":
+            config = transformers.SwinConfig(
+                image_size=16, patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4,
+                num_labels=10,
+            )  # fmt: skip
+            self.model = transformers.SwinForImageClassification(config)
+        elif kind == "resnet":
+            config = transformers.ResNetConfig(
+                embedding_size=16, hidden_sizes=[16, 32], depths=[2, 2], layer_type="basic", num_labels=10
+            )
+            self.model = transformers.ResNetForImageClassification(config)
+        else:
+            raise ValueError(f"`kind` must be 'swin' or 'resnet', got {kind!r}")
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        return self.model(pixel_values=images, labels=labels).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)

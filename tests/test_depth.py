@@ -69,12 +69,13 @@ def _matrix_points(table, specs) -> list[PeakPoint]:
     times = np.array([spec[0] for spec in specs], dtype=np.float64)[:, None]
     forward = np.array([spec[4] for spec in specs], dtype=bool)[:, None]
     fixed = np.array([-3 if spec[1] is None else spec[1][0] for spec in specs])[:, None]
-    fixed_kept = np.array([spec[1] is not None and spec[1][1] for spec in specs])[:, None]
+    by_saves = np.array([spec[1] is not None and True in spec[1][1] for spec in specs])[:, None]
+    by_inputs = np.array([spec[1] is not None and False in spec[1][1] for spec in specs])[:, None]
     with np.errstate(invalid="ignore"):
         saved, taken, always = table.saved <= times, table.taken <= times, table.always <= times
         always |= forward & (table.cached <= times)  # the forward's points: autocast's cache holds casts
     owned, is_fixed = table.owner >= 0, table.owner == fixed
-    held = always | (np.where(fixed_kept, saved, taken) & is_fixed) | (saved & taken & owned)
+    held = always | (((saved & by_saves) | (taken & by_inputs)) & is_fixed) | (saved & taken & owned)
     free = ~held & ~is_fixed & owned
     plus, minus = free & saved & ~taken, free & taken & ~saved
     signed = np.where(plus, table.nbytes, 0) - np.where(minus, table.nbytes, 0)
@@ -126,10 +127,12 @@ def test_the_sweep_equals_the_matrix_construction_on_random_storages(seed):
     )
     table = points_module._StorageTable(profile, {name: i for i, name in enumerate(names)})
     literals = [None, *((m, kept) for m in range(len(names)) for kept in (True, False))]
+    kinds = (points_module.KEPT, points_module.CHECKPOINTED, points_module.RECOMPUTED)
+    fixed = [None, *((m, kind) for m in range(len(names)) for kind in kinds)]
     specs = [
         (
             math.inf if rng.random() < 0.1 else float(rng.integers(0, 64)),
-            literals[int(rng.integers(len(literals)))],
+            fixed[int(rng.integers(len(fixed)))],
             int(rng.integers(0, 100)),
             literals[int(rng.integers(len(literals)))],
             bool(rng.random() < 0.5),  # a point of the forward

@@ -49,8 +49,9 @@ class ModuleProfile:
     flops: int
     """Forward flops of the module (``FlopCounterMode``), summed over calls."""
     recompute_extra_bytes: int = 0
-    """The most its forward holds only while it runs (temporaries it does not keep): what recomputing it
-    in backward adds at that point on top of what it saves."""
+    """The most its forward allocates above what was live when it started (its saves, outputs and
+    temporaries at their peak together): what recomputing it in backward adds, at the peak of the
+    recomputation, to what is live when the recomputation starts."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,9 @@ class BackwardPhase:
     grad_bytes: int = 0
     """When gradients start from none: what the parameter gradients made so far add to the phase's peak
     (``extra_bytes + grad_bytes`` is the peak of everything beyond the saved bytes)."""
+    entry_extra_bytes: int | None = None
+    """Live bytes beyond the saved bytes alive there when the backward first enters this phase (where a
+    checkpointed candidate's recomputation runs, before it); None: not measured (``extra_bytes`` bounds it)."""
 
 
 @dataclass(frozen=True)

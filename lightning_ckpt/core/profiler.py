@@ -384,6 +384,7 @@ def _phases(storages: tuple[SavedStorage, ...], tracker: StepTracker) -> tuple[B
             int(peaks[key] - alive),
             forward=key is None,
             grad_bytes=int(tracker.phase_total_peak_bytes.get(key, 0) - peaks[key]),
+            entry_extra_bytes=int(tracker.phase_entry_bytes.get(key, peaks[key]) - alive),
         )
         for key, time, alive in zip(keys, times, saved, strict=True)
     )

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_ckpt._compat import autocast_enabled, tree_leaves
+from lightning_ckpt._compat import NormBase, autocast_enabled, tree_leaves
 from lightning_ckpt.core.storage import LiveStorageTracker, storage_key, storage_of
 
 
@@ -40,7 +40,8 @@ class StepTracker(LiveStorageTracker):
 
     - gradients that have landed in ``param.grad`` (:meth:`land`): they leave ``live_bytes`` for
       ``grad_bytes``; ``phase_total_peak_bytes[phase]`` is the most of both together while that phase
-      was current (``phase_peak_bytes`` is the most of ``live_bytes`` alone);
+      was current (``phase_peak_bytes`` is the most of ``live_bytes`` alone), and
+      ``phase_entry_bytes[phase]`` the ``live_bytes`` when the phase was first entered;
     - windows (:meth:`open_window`, :meth:`close_window`): the peak live bytes since a window opened, to
       measure what a module's forward holds only while it runs.
     """
@@ -49,6 +50,7 @@ class StepTracker(LiveStorageTracker):
         super().__init__(cast_sources)
         self.grad_bytes = 0
         self.phase_total_peak_bytes: dict[Any, int] = {}
+        self.phase_entry_bytes: dict[Any, int] = {}
         self._grads: dict[int, int] = {}
         self._windows: list[int] = []
 
@@ -67,10 +69,15 @@ class StepTracker(LiveStorageTracker):
         """Make ``phase`` current (a point of the backward)."""
         with self._lock:
             self.phase = phase
+            self.phase_entry_bytes.setdefault(phase, self.live_bytes)
             self._note_total()
 
     def open_window(self) -> None:
         self._windows.append(self.live_bytes)
+
+    def window_peak_bytes(self) -> int:
+        """The peak live bytes since the innermost open window opened."""
+        return self._windows[-1]
 
     def close_window(self) -> int:
         """The peak live bytes since the window opened."""
@@ -123,6 +130,27 @@ def forward_working_sets(modules: dict[str, nn.Module], step_fn: Any) -> dict[st
     return working
 
 
+@dataclass
+class _Call:
+    """A candidate's call in the recorded forward, while it runs."""
+
+    name: str
+    flops_at_entry: int
+    autocast_caches: bool
+    live_at_entry: int
+    peak_at_last_save: int | None = None
+    """The peak live bytes from the call's start to its last save so far (None: no save yet)."""
+
+    def recompute_bytes(self, module: nn.Module) -> int:
+        """What recomputing the call in backward allocates at its peak above what is live when it starts:
+        torch's early stop ends it at its last save, and it holds copies of the running statistics that
+        :func:`~lightning_ckpt.core.wrapping.running_stats_frozen` restores after it (0 with no save:
+        nothing unpacks it, so it never runs)."""
+        if self.peak_at_last_save is None:
+            return 0
+        return max(self.peak_at_last_save - self.live_at_entry, 0) + running_stats_bytes(module)
+
+
 class Recorder:
     """Collects storage rows, forward flops and backward phase peaks; see :meth:`recording`."""
 
@@ -138,10 +166,10 @@ class Recorder:
         self.flop_counter = flop_counter
         self.params = [p for p in params if p.requires_grad]
         self.tracker = StepTracker(cast_sources=_storage_keys(self.params))  # autocast caches their casts
-        self.recompute_extra: dict[str, int] = dict.fromkeys(modules, 0)
+        self.recompute_extra: dict[str, int] = dict.fromkeys(modules, 0)  # see `_Call.recompute_bytes`
         self.call_starts: list[tuple[int, str, int]] = []  # (sequence, candidate, live bytes) at each call
         self.seq = 0
-        self.stack: list[tuple[str, int, bool]] = []  # (candidate, flops at entry, autocast caching)
+        self.stack: list[_Call] = []  # the active candidates' calls, innermost last
         self.rows: list[StorageRow] = []
         self.flops: dict[str, int] = dict.fromkeys(modules, 0)
         self.in_backward = False  # set by `start_backward` when the forward has returned the loss
@@ -198,7 +226,8 @@ class Recorder:
                 row = self._row(tensor)
                 if row is not None:
                     row.inputs.append((name, seq))
-            self.stack.append((name, self.flop_counter.get_total_flops(), _autocast_caches()))
+            live = self.tracker.live_bytes
+            self.stack.append(_Call(name, self.flop_counter.get_total_flops(), _autocast_caches(), live))
             self.call_starts.append((seq, name, self.tracker.live_bytes))
             self.tracker.open_window()
 
@@ -210,12 +239,12 @@ class Recorder:
                 return
             self._next()
             while self.stack:  # always_call: also runs when the forward raised
-                popped, flops_at_entry, _ = self.stack.pop()
-                peak = self.tracker.close_window()
-                if popped == name:
-                    transient = max(peak - self.tracker.live_bytes, 0)
-                    self.recompute_extra[name] = max(self.recompute_extra[name], transient)
-                    self.flops[name] += self.flop_counter.get_total_flops() - flops_at_entry
+                call = self.stack.pop()
+                self.tracker.close_window()
+                if call.name == name:
+                    recompute = call.recompute_bytes(self.modules[name])
+                    self.recompute_extra[name] = max(self.recompute_extra[name], recompute)
+                    self.flops[name] += self.flop_counter.get_total_flops() - call.flops_at_entry
                     break
 
         return hook
@@ -224,7 +253,10 @@ class Recorder:
         if self.in_backward:  # saved by a recomputation in the backward: not a forward save
             return None, None, tensor
         seq = self._next()
-        owner, _, caching = self.stack[-1] if self.stack else (None, 0, False)
+        call = self.stack[-1] if self.stack else None
+        owner, caching = (None, False) if call is None else (call.name, call.autocast_caches)
+        if call is not None:  # a recomputation stops at its last save (torch's early stop)
+            call.peak_at_last_save = self.tracker.window_peak_bytes()
         storage = storage_of(tensor)
         row = self._row(tensor)
         if row is not None:
@@ -263,6 +295,21 @@ class Recorder:
         finally:
             for handle in handles:
                 handle.remove()
+
+
+def running_stats_bytes(module: nn.Module) -> int:
+    """Bytes of the copies of running statistics that a recomputation of ``module`` holds while it runs
+    (:func:`~lightning_ckpt.core.wrapping.running_stats_frozen`: its norms in training that track them).
+
+    Example:
+        >>> running_stats_bytes(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(16)))  # mean, var, count
+        136
+    """
+    norms = [m for m in module.modules() if isinstance(m, NormBase) and m.track_running_stats and m.training]
+    buffers = [
+        b for m in norms for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None
+    ]
+    return sum(b.numel() * b.element_size() for b in buffers)
 
 
 def _storage_keys(tensors: list[torch.Tensor]) -> frozenset[int]:

@@ -7,9 +7,13 @@ input of a checkpointed one, at or before the point's time; a save outside the c
 held always; at the forward's points, an autocast cast that ``torch.autocast``'s cache holds is held
 from its first save, checkpointed or not). A storage with one literal adds its bytes to that candidate's coefficient (or, for an
 input, to the base less the coefficient); a storage with several is an *either* term (an OR), which
-no single coefficient expresses. The recompute of a checkpointed candidate in its own backward
-splits its points in two, one for each choice; its own checkpointed forward counts only when it is
-checkpointed. The predicted peak of a kept set ``K`` is
+no single coefficient expresses. A candidate's own backward splits its points in two, one for each
+choice: kept, it holds its saves; checkpointed, its recomputed saves and the inputs its checkpoint keeps
+to the end of its backward. Where its recomputation runs (the first of its phases the backward enters:
+the first unpack remakes every save at once) one more point counts when it is checkpointed: the bytes
+live as that phase starts, its saves not yet remade, plus what its forward allocates up to its last
+save (torch's early stop ends the recomputation there), in place of the phase's own peak, which comes
+after. Its own checkpointed forward counts only when it is checkpointed. The predicted peak of a kept set ``K`` is
 
     max(point.bytes(K) for the points that apply to K)
 
@@ -47,13 +51,19 @@ __all__ = [
     "last_step_held_bytes",
     "peak_of_points",
     "peak_points",
+    "recompute_phases",
 ]
 
 Literal = tuple[int, bool]
 """(candidate index, kept): a save of a kept candidate (True) or an input of a checkpointed one (False)."""
 
 
-_Spec = tuple[float, Literal | None, int, Literal | None, bool]
+Fixed = tuple[int, tuple[bool, ...]]
+"""A candidate whose own storages a point holds by rule: (candidate index, the kinds of its literals that
+hold at the point's time): ``KEPT`` (its saves), ``CHECKPOINTED`` (its inputs) or ``RECOMPUTED`` (both)."""
+KEPT, CHECKPOINTED, RECOMPUTED = (True,), (False,), (True, False)
+
+_Spec = tuple[float, Fixed | None, int, Literal | None, bool]
 """A point to write: (time, fixed candidate, base bytes, when, a point of the forward)."""
 
 
@@ -137,21 +147,50 @@ def peak_points(profile: StepProfile, *, zero_grad: ZeroGrad | None = None) -> t
     outer = profile.static_bytes - grads + profile.batch_bytes
     optimizer_step = outer + grads + profile.after_backward_bytes + profile.optimizer_step_bytes
     specs: list[_Spec] = []
-    for phase in profile.phases:
+    recomputing = recompute_phases(profile)
+    for k, phase in enumerate(profile.phases):
         index = names.get(phase.candidate) if phase.candidate is not None else None
         extra = outer + phase.extra_bytes + last_step_held_bytes(phase, profile, when)
         if phase.if_checkpointed:
             if index is not None:  # counted only when checkpointed, its own saves not made
-                specs.append((phase.time, (index, False), extra, (index, False), phase.forward))
-            continue
-        fixed = None if index is None else (index, True)  # being recomputed: its saves are alive
-        recompute = 0 if phase.forward or index is None else profile.modules[index].recompute_extra_bytes
-        if recompute:
-            specs.append((phase.time, fixed, extra, (index, True), phase.forward))
-            specs.append((phase.time, fixed, extra + recompute, (index, False), phase.forward))
-        else:
-            specs.append((phase.time, fixed, extra, None, phase.forward))
+                specs.append((phase.time, (index, CHECKPOINTED), extra, (index, False), phase.forward))
+        elif phase.forward or index is None:
+            specs.append((phase.time, None if index is None else (index, KEPT), extra, None, phase.forward))
+        else:  # kept: its saves are alive; checkpointed: its recomputed saves and the inputs it keeps
+            specs.append((phase.time, (index, KEPT), extra, (index, True), False))
+            specs.append((phase.time, (index, RECOMPUTED), extra, (index, False), False))
+            if recomputing.get(index) == k:  # its recomputation, from what is live as the phase starts
+                recompute = extra + _recompute_bytes(phase, profile, index)
+                specs.append((phase.time, (index, CHECKPOINTED), recompute, (index, False), False))
     return (PeakPoint(optimizer_step, _zeros(len(names))), *_StorageTable(profile, names).points(specs))
+
+
+def recompute_phases(profile: StepProfile) -> dict[int, int]:
+    """Per candidate (profile index), the index in ``profile.phases`` of the phase where its recomputation
+    runs when it is checkpointed: the first of its backward phases that the backward enters (the profile
+    lists them in that order), whose first unpack of a saved tensor recomputes all of them at once.
+
+    Example:
+        >>> from lightning_ckpt.core.profile_types import BackwardPhase, ModuleProfile, StaticMemory, StepProfile
+        >>> phases = (BackwardPhase(9, "b", 0), BackwardPhase(8, "b", 0), BackwardPhase(4, "a", 0))
+        >>> modules = (ModuleProfile("a", 30, 10, 0.1, 0), ModuleProfile("b", 50, 10, 0.1, 0))
+        >>> recompute_phases(StepProfile(modules, StaticMemory("cpu", 100, 0, 0, 0), 5, 2, phases=phases))
+        {1: 0, 0: 2}
+    """
+    names = {module.name: i for i, module in enumerate(profile.modules)}
+    first: dict[int, int] = {}
+    for k, phase in enumerate(profile.phases):
+        if phase.candidate in names and not (phase.forward or phase.if_checkpointed):
+            first.setdefault(names[phase.candidate], k)
+    return first
+
+
+def _recompute_bytes(phase: BackwardPhase, profile: StepProfile, index: int) -> int:
+    """At the phase where candidate ``index`` is recomputed, what its recomputation's peak adds to the
+    phase's extra: the bytes live beyond the saved ones when the phase starts, in place of the phase's
+    peak, plus what the candidate's forward allocates at its peak (its saves among them)."""
+    entry = phase.extra_bytes if phase.entry_extra_bytes is None else phase.entry_extra_bytes
+    return entry - phase.extra_bytes + profile.modules[index].recompute_extra_bytes
 
 
 def _zeros(n: int) -> np.ndarray:
@@ -266,12 +305,12 @@ class _StorageTable:
         events.sort(key=lambda event: event[0])
         return events
 
-    def _fixed_correction(self, storages, time: float, kept: bool, always: np.ndarray) -> int:
-        """The base change when the fixed candidate's own storages are held as its being recomputed holds
-        them (kept: what it saved; checkpointed: its inputs) rather than as in :meth:`_state`."""
+    def _fixed_correction(self, storages, time: float, kinds: tuple[bool, ...], always: np.ndarray) -> int:
+        """The base change when the fixed candidate's own storages are held as the point's rule holds them
+        (``kinds``: its saves, its inputs, or both) rather than as in :meth:`_state`."""
         correction = 0
         for k in storages:
-            held = always[k] <= time or (self.saved[k] if kept else self.taken[k]) <= time
+            held = always[k] <= time or any((self.saved if kind else self.taken)[k] <= time for kind in kinds)
             correction += int(self.nbytes[k]) * bool(held) - self._state(k, time, always)[0]
         return correction
 
@@ -300,7 +339,7 @@ def merged_points(points: Iterable[PeakPoint]) -> list[PeakPoint]:
 def _either(earliest, time, fixed, nbytes, base, keep) -> tuple[int, tuple | None]:
     """A storage involving several candidates at ``time``: into the base, a coefficient, or an OR."""
     literals = {lit for lit, seq in earliest.items() if seq <= time}
-    if fixed is not None and fixed in literals:
+    if fixed is not None and any((fixed[0], kind) in literals for kind in fixed[1]):
         return base + nbytes, None
     literals = {lit for lit in literals if fixed is None or lit[0] != fixed[0]}
     if any((m, not k) in literals for m, k in literals) or not literals:

@@ -1,0 +1,69 @@
+"""A checkpointed block's recomputation in its backward, predicted to the byte against a live-storage count
+of the real step, on blocks made to show each thing it holds: an input that nothing inside the block saves
+(kept by the checkpoint to the end of the block's backward, as a padded model's mask is), the copies of
+BatchNorm's running statistics, and a large temporary after the block's last save (torch's early stop ends
+the recomputation before it)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_ckpt.core.memory.meter import state_tensors
+from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.core.storage import LiveStorageTracker
+from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
+from lightning_ckpt.planning.peak import predict_peak_bytes
+
+
+class _Block(nn.Module):
+    def __init__(self, kind: str, width: int = 32) -> None:
+        super().__init__()
+        self.kind, self.linear = kind, nn.Linear(width, width)
+        self.norm = nn.BatchNorm1d(width) if kind == "batchnorm" else nn.Identity()
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        mixed = x + bias if self.kind == "unsaved_input" else x * bias  # the add saves nothing, the mul both
+        h = torch.tanh(self.norm(self.linear(mixed)))
+        if self.kind == "late_temporary":  # after the last save: cat and sum save nothing
+            return torch.cat([h] * 8).view(8, *h.shape).sum(0)
+        return h
+
+
+class _Model(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(_Block(kind) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = x.detach().mean(0, keepdim=True).expand_as(x).contiguous()  # made here, given to every block
+        for block in self.blocks:
+            x = block(x, bias)
+        return x.square().mean()
+
+
+def _measured_peak_bytes(model: nn.Module, x: torch.Tensor, checkpointed: list[str]) -> int:
+    apply_checkpointing(model, checkpointed)
+    try:
+        with LiveStorageTracker(existing=[*state_tensors(model, None), x]) as tracker:
+            model(x).backward()
+    finally:
+        remove_checkpointing(model)
+        model.zero_grad(set_to_none=True)
+    return tracker.peak_bytes
+
+
+@pytest.mark.parametrize("kind", ["unsaved_input", "batchnorm", "late_temporary"])
+def test_every_checkpointing_choice_is_predicted_to_the_byte(kind):
+    model, x = _Model(kind), torch.randn(64, 32, requires_grad=False)
+    names = [f"blocks.{i}" for i in range(3)]
+    profile = profile_step(model, lambda: model(x), names, "flops", batch=x)
+    model.zero_grad(set_to_none=True)
+    for count in range(4):
+        for checkpointed in itertools.combinations(names, count):
+            predicted = predict_peak_bytes(profile, checkpointed, zero_grad="before_forward")
+            assert predicted == _measured_peak_bytes(model, x, list(checkpointed)), (kind, checkpointed)
