@@ -18,6 +18,7 @@ from test_budget_promise import exact_budget, loader
 from torch import nn
 
 from lightning_ckpt import AutoCheckpoint
+from lightning_ckpt.core import fake_tensors
 from lightning_ckpt.core.fake_tensors import fake_model, optimizer_step_extra_bytes
 from lightning_ckpt.core.storage import LiveStorageTracker
 from lightning_ckpt.planning import BudgetTooSmallError
@@ -62,6 +63,51 @@ def test_the_fake_step_allocates_what_the_real_one_does_with_and_without_state(n
     if name.startswith("adam"):
         assert with_state > 0
         assert all(int(s["step"]) == 2 for s in optimizer.state.values())  # the real state untouched
+
+
+def _counted_twins(monkeypatch) -> list:
+    """The twin optimizers made (one per measured step) while the test runs."""
+    made: list = []
+    real = fake_tensors._twin_optimizer
+    monkeypatch.setattr(fake_tensors, "_twin_optimizer", lambda *a: made.append(a) or real(*a))
+    return made
+
+
+def test_a_reused_measurement_is_the_fresh_one_until_settings_or_parameters_change(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    adam = torch.optim.Adam(model.parameters(), foreach=False)
+    made = _counted_twins(monkeypatch)
+
+    def measured(reuse: bool = True) -> int:
+        with fake_model(model) as fake:
+            return optimizer_step_extra_bytes(adam, fake, reuse=reuse)
+
+    fresh = measured()
+    _real_step_temporaries(model, adam)  # the state the twin made is the state the real step makes
+    adam.param_groups[0]["lr"] = 1e-4  # what a scheduler changes: not what the step allocates
+    assert measured() == fresh == measured(reuse=False) > 0
+    assert len(made) == 2, "the reused measurement made no twin"
+    adam.param_groups[0]["weight_decay"] = 0.1  # Adam's L2 term: a gradient-sized temporary more
+    with_decay = measured()
+    assert with_decay == measured(reuse=False) > fresh and len(made) == 4
+    model.append(nn.Linear(64, 256))  # parameters the optimizer did not have
+    adam.add_param_group({"params": list(model[-1].parameters())})
+    assert measured() == measured(reuse=False) > with_decay and len(made) == 6
+
+
+def test_a_fit_planning_several_shapes_measures_the_optimizer_step_once(monkeypatch):
+    made = _counted_twins(monkeypatch)
+    callback = AutoCheckpoint(budget_gb=1000, measure=False)
+    lengths = (8, 9, 17, 31)
+    fast_trainer([callback], max_steps=len(lengths)).fit(
+        _GPT(), train_dataloaders=loader(lengths, batch_size=1)
+    )
+    steps = {
+        plan_shapes: profile.optimizer_step_bytes for plan_shapes, profile in callback._book.profiles.items()
+    }
+    assert len(steps) == 3 and len(set(steps.values())) == 1 and min(steps.values()) > 0
+    assert len(made) == 1, "planned before the first step, reused after it (the state it made)"
 
 
 class _GPT(L.LightningModule):

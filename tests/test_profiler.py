@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -13,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from examples.gpt import GPT
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.core.storage import LiveStorageTracker
 from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, checkpointing_removed
 
 BLOCKS = ["transformer.h.0", "transformer.h.1"]
@@ -70,6 +73,20 @@ def test_a_storage_saved_twice_and_as_a_view_counts_once():
     assert profile.module("child").activation_bytes == 36 * F32
     assert profile.module("child").input_bytes == 36 * F32
     assert profile.other_activation_bytes == 36 * F32  # the child's output, saved by pow
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["real", "fake"])
+def test_the_counter_skips_views_and_in_place_ops_and_counts_a_constant_made_fake(fake):
+    """Views and in-place ops take the fast path (no new storage by their schema); ``lift_fresh`` (a
+    constant made fake) aliases its input by its schema but brings a new storage. A real constant is made
+    without an op: not counted."""
+    mode = FakeTensorMode() if fake else None
+    with mode or contextlib.nullcontext(), LiveStorageTracker() as tracker:
+        a = torch.ones(256)  # 1 KiB
+        a.view(16, 16).t().add_(1).mul_(2)
+        c = torch.tensor([1.0, 2.0])  # 8 bytes: lift_fresh under the fake mode
+        views = [a[1:], c[:1]]
+    assert (tracker.peak_bytes, tracker.live_bytes) == (1024 + 8 * fake,) * 2, views
 
 
 def test_parameters_and_buffers_are_not_activations():

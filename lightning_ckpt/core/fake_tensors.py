@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from lightning_ckpt._compat import FakeTensorMode, default_foreach, tree_map_only
+from lightning_ckpt.core.memory.optimizer import optimizer_step_key
 from lightning_ckpt.core.storage import LiveStorageTracker
 
 __all__ = ["FakeModel", "fake_model", "optimizer_step_extra_bytes"]
@@ -94,10 +96,22 @@ def _swapped(slots: list[_Slot], twins: dict[int, torch.Tensor]) -> Iterator[Non
             table[key] = tensor
 
 
-def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel) -> int:
+_measured_steps: weakref.WeakKeyDictionary[torch.optim.Optimizer, dict[Any, int]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per live optimizer, its steps' temporaries by :func:`optimizer_step_key` (for ``reuse=True``)."""
+
+
+def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel, *, reuse: bool = False) -> int:
     """Peak bytes one ``optimizer.step()`` allocates beyond what it keeps (its temporaries), measured on
     fake tensors inside :func:`fake_model`: a twin optimizer of the same class and settings, on the fake
     parameters with fake gradients and state. 0 for no optimizer or one that cannot be twinned (logged).
+
+    With ``reuse``, a step measured before for this optimizer is not measured again while nothing it
+    depends on has changed (:func:`~lightning_ckpt.core.memory.optimizer.optimizer_step_key`: the
+    settings, the parameters and the state's shapes and dtypes): the later profiles of a fit, whose
+    batch shapes change but whose optimizer step does not. A measurement without state is also filed
+    under the state its twin made, so the first plan's measurement serves the plans after the first step.
 
     Example:
         >>> model = nn.Linear(256, 256)
@@ -108,6 +122,11 @@ def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel) -> int:
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         return 0
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    known = _measured_steps.setdefault(optimizer, {}) if reuse else {}
+    key = optimizer_step_key(optimizer.param_groups, _states(optimizer, optimizer.param_groups))
+    if key in known and all(id(p) in fake.twins for p in params):
+        return known[key]
     try:
         twin = _twin_optimizer(optimizer, fake)
         twin.step()  # once, to make all of its state: a real step after the first has all of it
@@ -120,7 +139,16 @@ def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel) -> int:
             stacklevel=2,
         )
         return 0
-    return int(tracker.peak_bytes - tracker.live_bytes)
+    extra_bytes = int(tracker.peak_bytes - tracker.live_bytes)
+    if reuse:
+        known[key] = extra_bytes
+        known[optimizer_step_key(optimizer.param_groups, _states(twin, twin.param_groups))] = extra_bytes
+    return extra_bytes
+
+
+def _states(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The state of each parameter of ``groups``, in their order (``{}`` for one without state)."""
+    return [[optimizer.state.get(p, {}) for p in group["params"]] for group in groups]
 
 
 def _twin_optimizer(optimizer: torch.optim.Optimizer, fake: FakeModel) -> torch.optim.Optimizer:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -27,7 +27,6 @@ from lightning_ckpt._compat import (
     inner_tensors,
     is_traceable_wrapper_subclass,
     is_traceable_wrapper_subclass_type,
-    tree_leaves,
 )
 
 
@@ -145,8 +144,10 @@ class LiveStorageTracker(TorchDispatchMode):
         if any(is_traceable_wrapper_subclass_type(cls) for cls in types):
             return NotImplemented  # a DTensor op: its ops on local tensors come back through this mode
         out = func(*args, **(kwargs or {}))
-        inputs = {storage_key(s) for t in tree_leaves((args, kwargs)) for s in self._storages(t)}
-        for storage in (s for t in tree_leaves(out) for s in self._storages(t)):
+        if _returns_inputs(func):  # a view or an in-place op: no new storage
+            return out
+        inputs = {storage_key(s) for t in _leaves((args, kwargs)) for s in self._storages(t)}
+        for storage in (s for t in _leaves(out) for s in self._storages(t)):
             if storage_key(storage) not in inputs:
                 self._track(storage, func)
                 if func is torch.ops.aten._to_copy.default and self._casts_a_source(args):
@@ -230,6 +231,38 @@ class LiveStorageTracker(TorchDispatchMode):
             self.live_bytes -= self._tracked.pop(key, 0)
             self.casts.discard(key)
             self.resized.discard(key)  # the key may name another storage from now on
+
+
+_returns_inputs_of: dict[Any, bool] = {}
+_MAKES_STORAGE = frozenset({"aten::lift_fresh"})
+"""Ops whose output aliases an input by their schema but may hold a new storage (a constant made fake)."""
+
+
+def _returns_inputs(func: Any) -> bool:
+    """Whether every output of ``func`` is (a view of) one of its tensor inputs, by its schema's alias
+    annotations (``Tensor(a)``, ``Tensor(a!)``): views and in-place ops, which make no storage."""
+    known = _returns_inputs_of.get(func)
+    if known is None:
+        schema = getattr(func, "_schema", None)
+        known = _returns_inputs_of[func] = (
+            schema is not None
+            and schema.name not in _MAKES_STORAGE
+            and all(ret.alias_info is not None for ret in schema.returns)
+        )
+    return known
+
+
+def _leaves(tree: Any) -> Iterator[Any]:
+    """The leaves of an op's arguments or outputs (tuples, lists and dicts of them, as ``tree_leaves``
+    flattens them), without ``pytree``'s per-node dispatch: the counter runs on every op."""
+    if isinstance(tree, (tuple, list)):
+        for item in tree:
+            yield from _leaves(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _leaves(item)
+    else:
+        yield tree
 
 
 _watchers: list[LiveStorageTracker] = []  # the trackers counting now, outermost first

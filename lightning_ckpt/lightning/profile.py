@@ -5,7 +5,11 @@
   allocated. It is the real profile byte for byte (tested), plus the optimizer step's temporaries measured
   the same way.
 - **Time** comes from forwards under ``torch.no_grad()``: nothing is kept for backward, so the timing run
-  needs less memory than any checkpointed step.
+  needs less memory than any checkpointed step. One forward, except the first time a model on CUDA is
+  timed: the best of two there (the first CUDA calls of a process load kernels and grow the allocator).
+- **Reused within a fit**: the optimizer step's temporaries depend on the parameters, the optimizer's
+  settings and its state, not on the batch: measured once, and again only when one of those changes
+  (:func:`lightning_ckpt.core.fake_tensors.optimizer_step_extra_bytes` with ``reuse=True``).
 - **FSDP**: the sharded flat parameters have no full-size fake twin, so the memory half runs on a fake
   twin built from the module's class and saved hyperparameters (:mod:`lightning_ckpt.lightning.fsdp_twin`),
   with the strategy's sharded static memory.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -117,7 +122,7 @@ def _fake_profile(
             profile = profile_step(
                 pl_module, step_fn, candidates, "flops", optimizer=optimizer, batch=fake_batch
             )
-            optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)  # the twins already made
+            optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake, reuse=True)  # the twins made
     except Exception as error:  # data-dependent ops, .item(), kernels without a fake implementation
         if pad_to is not None:
             return None  # the caller plans the batch's own shapes, which may still run on fake tensors
@@ -157,7 +162,7 @@ def _real_profile(
 def _with_optimizer_step(profile: StepProfile, pl_module: pl.LightningModule, optimizer: Any) -> StepProfile:
     """The optimizer step's temporaries, measured on fake twins of the live parameters (no step runs)."""
     with fake_model(pl_module) as fake:
-        optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake)
+        optimizer_bytes = optimizer_step_extra_bytes(optimizer, fake, reuse=True)
     return dataclasses.replace(profile, optimizer_step_bytes=optimizer_bytes)
 
 
@@ -165,8 +170,17 @@ def _timed(
     trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, candidates: Sequence[str]
 ) -> dict[str, float]:
     step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
+    on_cuda = trainer.strategy.root_device.type == "cuda"
+    repeats = 2 if on_cuda and pl_module not in _timed_on_cuda else 1
     with untouched_training_state(pl_module), no_gradient_sync(trainer):
-        return time_forwards(pl_module, candidates, step_fn)
+        seconds = time_forwards(pl_module, candidates, step_fn, repeats=repeats)
+    if on_cuda:
+        _timed_on_cuda.add(pl_module)
+    return seconds
+
+
+_timed_on_cuda: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+"""Models timed on CUDA in this process: their kernels are loaded, one timing forward is enough."""
 
 
 def _with_seconds(profile: StepProfile, seconds: dict[str, float]) -> StepProfile:
