@@ -65,7 +65,24 @@ def candidate_options(
         options.append(
             Option(c.name, "selective", c.held_bytes + extra, c.transient_bytes, price, c.saved_ops)
         )
-    return options
+    return _undominated(options)
+
+
+def _undominated(options: list[Option]) -> list[Option]:
+    """Keep and checkpoint, and the selective options no other option beats on held bytes, transient and
+    cost at once (the solver would never take those)."""
+
+    def beaten(o: Option) -> bool:
+        return any(
+            p is not o
+            and p.held_bytes <= o.held_bytes
+            and p.transient_bytes <= o.transient_bytes
+            and p.cost <= o.cost
+            and (p.held_bytes, p.transient_bytes, p.cost) != (o.held_bytes, o.transient_bytes, o.cost)
+            for p in options
+        )
+
+    return [o for o in options if o.kind != "selective" or not beaten(o)]
 
 
 def make_op_plan(

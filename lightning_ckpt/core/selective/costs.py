@@ -1,9 +1,11 @@
 """What each option of one block costs in a step: bytes held to its backward, the transient of its
 backward, and its share of the block's recompute (issue 24, item 1).
 
-:func:`option_costs` takes a block's frontier (:func:`~lightning_ckpt.core.selective.options.block_options`)
-and runs each option once forward and backward on the block alone, counting live storages
-(:class:`~lightning_ckpt.core.storage.LiveStorageTracker`, as the memory meter counts them):
+:func:`option_costs` takes a block's options (keep, the named rules, the prefixes of its savable calls by
+measured seconds per byte, full checkpoint: :mod:`~lightning_ckpt.core.selective.options`; not pruned
+by time, since a plan may be priced in FLOPs) and runs each option once forward and backward on a fake twin of the block (nothing allocated),
+counting live storages (:class:`~lightning_ckpt.core.storage.LiveStorageTracker`, as the memory meter
+counts them):
 
 - ``held_bytes``: the storages the forward leaves alive beyond its output (autograd's saved tensors when
   kept, a selective checkpoint's cache, nothing but the inputs for a full checkpoint);
@@ -35,7 +37,13 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_ckpt._compat import tree_leaves
-from lightning_ckpt.core.selective.options import BlockOpProfile, BlockOption, block_options
+from lightning_ckpt.core.fake_tensors import fake_model
+from lightning_ckpt.core.selective.options import (
+    BlockOpProfile,
+    BlockOption,
+    named_options,
+    ratio_prefixes,
+)
 from lightning_ckpt.core.selective.policy import SelectivePolicy
 from lightning_ckpt.core.storage import LiveStorageTracker, unique_storage_bytes
 
@@ -79,7 +87,7 @@ class OptionCost:
 def option_costs(
     block: nn.Module, args: Sequence[Any], profile: BlockOpProfile, *, max_prefixes: int = 4
 ) -> list[OptionCost]:
-    """Each option of the block's frontier with its measured bytes, keep first, full checkpoint last.
+    """Each option of the block with its measured bytes, keep first, full checkpoint last.
 
     Args:
         block: the module (real tensors; random numbers are consumed, parameter gradients untouched).
@@ -87,10 +95,26 @@ def option_costs(
         profile: the block's :func:`~lightning_ckpt.core.selective.options.profile_block` record.
         max_prefixes: ratio-sorted prefixes to try besides the named rules.
     """
-    options = block_options(profile, max_prefixes=max_prefixes)
-    measured = {option.name: _memory(block, tuple(args), option) for option in options}
+    options = _candidates(profile, max_prefixes)
+    with fake_model(block) as fake:  # on a fake twin: nothing allocated
+        fake_args = fake.fake(tuple(args))
+        measured = {option.name: _memory(block, fake_args, option) for option in options}
     keep_peak = sum(measured["keep"])
     return [_cost(option, profile, *measured[option.name], keep_peak) for option in options]
+
+
+def _candidates(profile: BlockOpProfile, max_prefixes: int) -> list[BlockOption]:
+    """Keep, the named rules, the ratio prefixes and full checkpoint, one per distinct saved set, not
+    pruned by time (the planner prunes by its own cost, seconds or FLOPs)."""
+    if not isinstance(max_prefixes, int) or max_prefixes < 1:
+        raise ValueError(f"`max_prefixes` must be a positive integer, got {max_prefixes!r}")
+    named = named_options(profile)
+    options = [named["keep"], *(o for o in named.values() if o.kind == "selective")]
+    options += [*ratio_prefixes(profile, max_prefixes), named["checkpoint"]]
+    distinct: dict[Any, BlockOption] = {}
+    for option in options:
+        distinct.setdefault(option.policy.saved if option.policy else option.kind, option)
+    return list(distinct.values())
 
 
 def _cost(option: BlockOption, profile: BlockOpProfile, held: int, peak: int, keep_peak: int) -> OptionCost:
