@@ -9,6 +9,7 @@ from lightning_ckpt.solver import SolverOptions, solve_knapsack
 from lightning_ckpt.solver.capped import frontier
 from lightning_ckpt.solver.capped import profile as capped_profile
 from lightning_ckpt.solver.capped import solve as capped
+from lightning_ckpt.solver.capped.groups import from_items
 from lightning_ckpt.solver.capped.hirschberg import CappedTask
 from lightning_ckpt.solver.runtime import backend, interrupt
 from tests.test_solver_api import _run_python
@@ -211,6 +212,7 @@ def test_capped_kernels_stop_before_the_next_item_once_flagged(monkeypatch, comp
         assert (profile == 7.0).all()
         kernel(weights, values, *caps, profile)  # without the flag it runs
         assert not (profile == 7.0).all()
-    task = CappedTask("leaf", 0, 3, 9, 0, *caps)
+    groups = from_items(weights, values, *caps)
+    task = CappedTask("leaf", 0, 3, 9, 0, groups.starts, groups.caps, True)
     with pytest.raises(interrupt.SolveStopped):
-        task.run(weights, values, np.zeros(10), stop)
+        task.run(groups.weights, groups.values, np.zeros(10), stop)

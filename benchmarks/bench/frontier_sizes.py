@@ -100,10 +100,9 @@ def recorded(source: list[str], show=None) -> Iterator[list[Solve]]:
 
 
 def _divided(weights, values, capacity, take, skip):
-    from lightning_ckpt.solver.capped.solve import divided
+    from lightning_ckpt.solver.capped.groups import divided, from_items
 
-    weights, capacity, take, skip = divided(weights, capacity, take, skip)
-    return weights, values, capacity, take, skip
+    return divided(from_items(weights, values, take, skip), capacity)
 
 
 def _config_solves(path: str, fractions: list[float], source: list[str], solves: list[Solve]) -> None:

@@ -43,8 +43,18 @@ Example:
 """
 
 from lightning_ckpt.solver.api import KnapsackResult, SolveStats, solve_knapsack
+from lightning_ckpt.solver.choices import ChoiceResult, solve_choices
 from lightning_ckpt.solver.options import SolverOptions
 from lightning_ckpt.solver.quantize import quantize
 from lightning_ckpt.solver.runtime.backend import KERNEL
 
-__all__ = ["KERNEL", "KnapsackResult", "SolveStats", "SolverOptions", "quantize", "solve_knapsack"]
+__all__ = [
+    "KERNEL",
+    "ChoiceResult",
+    "KnapsackResult",
+    "SolveStats",
+    "SolverOptions",
+    "quantize",
+    "solve_choices",
+    "solve_knapsack",
+]

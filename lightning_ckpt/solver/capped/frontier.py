@@ -1,36 +1,42 @@
-"""Sparse exact DP for knapsacks with prefix capacities: Pareto frontiers of (weight, value).
+"""Sparse exact DP for one option per group under prefix capacities: Pareto frontiers of (weight, value).
 
-After each item, the frontier holds the sets of the items so far that meet their caps and that no
-other such set beats (lighter or as light, and worth at least as much). Every later constraint
-only bounds a chosen weight from above, so a beaten set can never become the better one: pruning
-is exact. More exact cuts keep the frontiers short whatever the capacity W is:
+After each group, the frontier holds the choices of the groups so far that meet their caps and that
+no other such choice beats (lighter or as light, and worth at least as much). Every later constraint
+only bounds a chosen weight from above, so a beaten choice can never become the better one: pruning
+is exact. A group's step shifts the frontier by each of its options (the part of it under that
+option's cap) and merges the copies (``sparse.pareto.merge_runs``). More exact cuts keep the
+frontiers short whatever the capacity W is:
 
-- a set heavier than any feasible set's prefix there (``chain_bound.suffix_caps``) is dropped;
-- the chain LP's dual (``chain_bound``) fixes the items whose flip would cost more than the gap to
-  a target value, and bounds every set's best completion (linear in its weight); sets that cannot
-  reach the target are dropped;
-- items whose caps the chain implies go most decided first (``_processing_order``);
+- each option's cap already holds what the groups after it need (``groups.reach``), so a state that
+  could not be completed is never made;
+- the multiple-choice chain LP's prices (``chain_bound.group_prices``: each group's upper convex hull,
+  as Sinha-Zoltners and Pisinger's ``mcknap`` bound a multiple-choice knapsack) drop the options whose
+  choice would cost more than the gap to a target value, fix the groups left with one option (a run of
+  them passes as one shift, not a merge), and bound every state's best completion (linear in its
+  weight); states that cannot reach the target are dropped;
+- groups whose caps the chain implies go most decided first (``_processing_order``);
 - the target starts just below the LP bound and falls (doubling the gap each time) until a pass
-  reaches it, but never below the best set seen (at worst a feasible rounding of the LP). A pass
-  that reaches its target is optimal: every dropped set could reach less.
+  reaches it, but never below the best choice seen (at worst a feasible rounding, ``_rounded_value``).
+  A pass that reaches its target is optimal: every dropped state could reach less.
 
-Fixed items cost a slice, not a merge, so a plan's few dozen blocks, or a few thousand items of
-which most are clearly in or out, solve in milliseconds without numba. Past a given number of
-entries the dense O(W) solver takes over.
+A 0/1 knapsack is the two-option case (``groups.from_items``), which is how ``solve_knapsack`` runs
+here. Past a given number of entries the dense O(W) solver takes over.
 
 Example:
+    >>> from lightning_ckpt.solver.capped.groups import from_items
     >>> w, v, caps = np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5]), np.array([5, 5, 5])
-    >>> chosen, entries = solve_sparse(w, v, 5, caps, caps, max_entries=100)
-    >>> chosen.tolist()
-    [True, True, False]
+    >>> choice, entries = solve_sparse(from_items(w, v, caps, caps), 5, max_entries=100)
+    >>> choice.tolist()  # option 1 (take) for items 0 and 1
+    [1, 1, 0]
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from lightning_ckpt.solver.capped.chain_bound import ChainDual, StateBounds, chain_dual, suffix_caps
-from lightning_ckpt.solver.sparse.pareto import merge
+from lightning_ckpt.solver.capped.chain_bound import GroupBounds, group_prices
+from lightning_ckpt.solver.capped.groups import Groups, reach
+from lightning_ckpt.solver.sparse.pareto import merge_runs
 
 __all__ = ["solve_sparse"]
 
@@ -38,53 +44,56 @@ TARGET_STEPS = 6
 """The first target lies ``2**-TARGET_STEPS`` of the way from the LP bound to the known value."""
 
 FEW_ITEMS = 16
-"""Below this many items, one pass at the known value (no falling targets) costs less than several."""
+"""Below this many groups, one pass at the known value (no falling targets) costs less than several."""
 
 
-def _step(fw: np.ndarray, fv: np.ndarray, w: int, v: float, take: int, skip: int) -> tuple:
-    """One free item on the frontier ``(fw, fv)`` (weights ascending, values strictly ascending).
+def _step(fw: np.ndarray, fv: np.ndarray, groups: Groups, options: list[int]) -> tuple:
+    """One free group on the frontier ``(fw, fv)`` (weights ascending, values strictly ascending):
+    the new frontier, where each entry came from (an index into the options' copies, concatenated)
+    and where each option's copy starts."""
+    runs_w, runs_v, offsets = [], [], [0]
+    for o in options:
+        count = int(fw.searchsorted(groups.caps[o], side="right"))
+        runs_w.append(fw[:count] + groups.weights[o])
+        runs_v.append(fv[:count] + groups.values[o])
+        offsets.append(offsets[-1] + count)
+    weights, values, source = merge_runs(runs_w, runs_v)
+    return weights, values, source, np.array(offsets)
 
-    Returns the new frontier, where each entry came from (an index into the skip part, then the
-    take part, of the old one) and the size of the skip part.
-    """
-    n_skip = int(fw.searchsorted(skip, side="right")) if skip >= 0 else 0
-    n_take = int(fw.searchsorted(take, side="right")) if take >= 0 else 0
-    weights, values, source = merge(fw[:n_skip], fv[:n_skip], fw[:n_take] + w, fv[:n_take] + v)
-    return weights, values, source, n_skip
 
-
-def _rounded_value(weights, values, take, skip, caps, reduced) -> float:
-    """A feasible set's value: the LP's items in order, each only while every later skip cap holds."""
-    later_skip = np.minimum.accumulate(np.append(skip, caps[-1])[::-1])[::-1]
+def _rounded_value(groups: Groups, reduced: np.ndarray) -> float:
+    """A feasible choice's value: per group, the allowed option of the largest reduced value whose
+    cap the chosen weight meets (one always does: the caps hold what the rest needs)."""
     chosen, value = 0, 0.0
-    for j, w in enumerate(weights.tolist()):
-        if reduced[j] > 0 and chosen <= take[j] and chosen + w <= min(later_skip[j + 1], caps[j + 1]):
-            chosen, value = chosen + w, value + float(values[j])
+    weights, values, caps = groups.weights.tolist(), groups.values.tolist(), groups.caps.tolist()
+    reduced, starts = reduced.tolist(), groups.starts.tolist()
+    for g in range(groups.count):
+        best = max((o for o in range(starts[g], starts[g + 1]) if caps[o] >= chosen), key=reduced.__getitem__)
+        chosen, value = chosen + weights[best], value + values[best]
     return value
 
 
-def _fixed(dual: ChainDual, target: float, tol: float, take, skip) -> tuple[np.ndarray, np.ndarray]:
-    """The caps with the items fixed whose flip costs more than ``dual.upper - target``."""
-    cut_off = target - tol
-    fixed_in = (dual.reduced > 0) & (dual.upper - dual.reduced < cut_off)
-    fixed_out = (dual.reduced < 0) & (dual.upper + dual.reduced < cut_off)
-    return np.where(fixed_out, -1, take), np.where(fixed_in, -1, skip)
+def _allowed(groups: Groups, reduced: np.ndarray, upper: float, cut_off: float) -> np.ndarray:
+    """The options a pass at ``cut_off`` keeps: those whose choice may still reach it (forcing option
+    ``o`` of group ``g`` costs at least ``best_g - reduced[o]`` of the bound); the best always."""
+    best = np.repeat(np.maximum.reduceat(reduced, groups.starts[:-1]), groups.sizes())
+    return (reduced > -np.inf) & ((upper - (best - reduced) >= cut_off) | (reduced == best))
 
 
-def _steps(weights, values, caps, take, skip) -> list[tuple]:
-    """A pass's steps: ``(j,)`` for a free item, ``(first, end, most, weight, value)`` for a run of
-    fixed items (``take < 0``: out, ``skip < 0``: in): a set of weight ``x`` before the run meets
-    every cap in it (its own, and ``caps`` after each item) iff ``x <= most``, and gains ``weight``
-    and ``value``."""
-    n = len(weights)
-    chosen = skip < 0
-    fixed = (take < 0) | chosen
-    room = np.where(chosen, np.minimum(take, caps[1:] - weights), np.minimum(skip, caps[1:]))
-    gained_weight = np.concatenate(([0], np.cumsum(np.where(chosen, weights, 0))))
-    gained_value = np.concatenate(([0.0], np.cumsum(np.where(chosen, values, 0.0))))
+def _steps(groups: Groups, allowed: np.ndarray) -> list[tuple]:
+    """A pass's steps: ``(g, options)`` for a free group, ``(first, end, most, weight, value, picks)``
+    for a run of groups left with one option each (``picks``): a state of weight ``x`` before the
+    run meets every cap in it iff ``x <= most``, and gains ``weight`` and ``value``."""
+    n, starts = groups.count, groups.starts
+    fixed = np.add.reduceat(allowed, starts[:-1]) == 1
+    pick = np.zeros(n, dtype=np.int64)
+    flat = allowed.nonzero()[0]
+    pick[groups.group_of()[flat]] = flat  # the allowed option, for a fixed group
+    gained_weight = np.concatenate(([0], np.cumsum(np.where(fixed, groups.weights[pick], 0))))
+    gained_value = np.concatenate(([0.0], np.cumsum(np.where(fixed, groups.values[pick], 0.0))))
     edges = np.flatnonzero(np.diff(np.concatenate(([0], fixed.astype(np.int8), [0]))))
     firsts, ends = edges[::2], edges[1::2]
-    slack = np.append(room - gained_weight[:-1], 0)
+    slack = np.append(groups.caps[pick] - gained_weight[:-1], 0)
     most = np.minimum.reduceat(slack, edges)[::2] + gained_weight[firsts] if len(edges) else []
     runs = {
         first: (
@@ -93,33 +102,34 @@ def _steps(weights, values, caps, take, skip) -> list[tuple]:
             int(m),
             int(gained_weight[end] - gained_weight[first]),
             float(gained_value[end] - gained_value[first]),
+            pick[first:end] - starts[first:end],
         )
         for first, end, m in zip(firsts.tolist(), ends.tolist(), list(most), strict=True)
     }
-    steps, j = [], 0
-    while j < n:
-        steps.append(runs.get(j, (j,)))
-        j = steps[-1][1] if len(steps[-1]) > 1 else j + 1
+    steps, g = [], 0
+    while g < n:
+        if g in runs:
+            steps.append(runs[g])
+            g = runs[g][1]
+        else:
+            steps.append((g, (allowed[starts[g] : starts[g + 1]].nonzero()[0] + starts[g]).tolist()))
+            g += 1
     return steps
 
 
-def _pass(weights, values, caps, dual, take, skip, target, tol, max_entries):
-    """One DP pass dropping the sets that cannot reach ``target``: ``(mask or None, best value,
+def _pass(groups, room, price, bounds, target, tol, max_entries):
+    """One DP pass dropping the states that cannot reach ``target``: ``(choice or None, best value,
     entries)``, or None past ``max_entries``."""
-    take, skip = _fixed(dual, target, tol, take, skip)
-    bounds = StateBounds(caps, dual, take, skip)
+    allowed = _allowed(groups, bounds.reduced, bounds.upper, target - tol)
+    bounds = GroupBounds(groups, room, price, allowed)
     fw, fv = np.zeros(1, dtype=np.int64), np.zeros(1)
-    history, total, n = [], 0, len(weights)
-    for step in _steps(weights, values, caps, take, skip):
-        if len(step) == 1:
+    history, total, n = [], 0, groups.count
+    for step in _steps(groups, allowed):
+        if len(step) == 2:
             j = step[0]
-            fw, fv, source, n_skip = _step(
-                fw, fv, int(weights[j]), float(values[j]), int(take[j]), int(skip[j])
-            )
-            count = int(fw.searchsorted(caps[j + 1], side="right"))
-            fw, fv, source = fw[:count], fv[:count], source[:count]
+            fw, fv, source, offsets = _step(fw, fv, groups, step[1])
         else:
-            j, n_skip = step[1] - 1, 0
+            j, offsets = step[1] - 1, None
             count = int(fw.searchsorted(step[2], side="right"))
             fw, fv, source = fw[:count] + step[3], fv[:count] + step[4], None
         if j + 1 < n and len(fw):
@@ -127,88 +137,89 @@ def _pass(weights, values, caps, dual, take, skip, target, tol, max_entries):
             if not hopeful.all():
                 fw, fv = fw[hopeful], fv[hopeful]
                 source = hopeful.nonzero()[0] if source is None else source[hopeful]
-        history.append((step, source, n_skip))
+        history.append((step, source, offsets))
         total += len(fw)
         if total > max_entries:
             return None
         if not len(fw):
             return None, -np.inf, total
-    return _backtrack(history, len(fw) - 1, skip < 0, n), float(fv[-1]), total
+    return _backtrack(history, len(fw) - 1, groups), float(fv[-1]), total
 
 
-def _processing_order(take, skip, caps, reduced, capacity, weights) -> tuple:
-    """A processing order and the caps in it.
+def _processing_order(groups: Groups, room: np.ndarray, reduced: np.ndarray) -> np.ndarray:
+    """A processing order of the groups.
 
-    Every feasible set has at most ``caps[j + 1]`` chosen before ``j + 1``: so at most that less
-    ``w`` before ``j`` when ``j`` is chosen, and at most that when not. An item whose caps are at
-    least these has them implied by the chain, in any order of such items within a run of equal
-    ``caps`` (a run ends at a cut, where ``caps`` rises, and at any other item). Such items lose their
-    caps and, within a run, go most decided first (largest ``|reduced|``): the frontier grows only
-    near the end of each run.
+    Every feasible choice has at most ``room[g + 1]`` chosen through group ``g``. A group whose
+    options' caps are all implied by that (each at least ``room[g + 1] - w``, or the option too heavy
+    anyway) may move anywhere within a run of such groups of equal ``room`` after them (a run ends at
+    a cut, where ``room`` rises, and at any other group). Within a run they go most decided first (the
+    largest gap between their best and second best reduced values): the frontier grows only near the
+    end of each run.
     """
-    n = len(take)
-    after = caps[1:]
-    implied = (take >= 0) & (take >= after - weights) & (skip >= after)
-    cut = np.append(True, caps[1:n] < caps[2:])
-    starts = ~implied | np.append(True, ~implied[:-1]) | cut
-    order = np.lexsort((-np.abs(reduced), np.cumsum(starts)))
-    take = np.where(implied, capacity - weights, take)[order]
-    skip = np.where(implied, capacity, skip)[order]
-    return order, take, skip
+    n, starts, sizes = groups.count, groups.starts[:-1], groups.sizes()
+    after = np.repeat(room[1:], sizes) - groups.weights
+    implied = np.logical_and.reduceat((groups.caps >= after) | (after < 0), starts)
+    best = np.maximum.reduceat(reduced, starts)
+    index = np.arange(len(reduced))
+    first_best = np.minimum.reduceat(np.where(reduced == np.repeat(best, sizes), index, len(index)), starts)
+    second = np.maximum.reduceat(np.where(index == np.repeat(first_best, sizes), -np.inf, reduced), starts)
+    decided = np.where(second > -np.inf, best - second, np.inf)
+    cut = np.append(True, room[1:n] < room[2:])
+    run_starts = ~implied | np.append(True, ~implied[:-1]) | cut
+    return np.lexsort((-decided, np.cumsum(run_starts)))
 
 
-def _backtrack(history, entry: int, fixed_in: np.ndarray, n: int) -> np.ndarray:
-    chosen = np.zeros(n, dtype=np.bool_)
-    for step, source, n_skip in reversed(history):
+def _permuted(groups: Groups, order: np.ndarray) -> Groups:
+    sizes = groups.sizes()[order]
+    starts = np.concatenate(([0], np.cumsum(sizes)))
+    index = np.repeat(groups.starts[order] - starts[:-1], sizes) + np.arange(starts[-1])
+    return Groups(groups.weights[index], groups.values[index], groups.caps[index], starts, groups.binary)
+
+
+def _backtrack(history, entry: int, groups: Groups) -> np.ndarray:
+    choice = np.zeros(groups.count, dtype=np.int64)
+    for step, source, offsets in reversed(history):
         entry = entry if source is None else int(source[entry])
-        if len(step) > 1:  # a run of fixed items: the entry index runs through unchanged
-            chosen[step[0] : step[1]] = fixed_in[step[0] : step[1]]
+        if len(step) > 2:  # a run of fixed groups: the entry index runs through unchanged
+            choice[step[0] : step[1]] = step[5]
             continue
-        chosen[step[0]] = entry >= n_skip
-        entry -= n_skip if chosen[step[0]] else 0
-    return chosen
+        k = int(offsets.searchsorted(entry, side="right")) - 1
+        choice[step[0]] = step[1][k] - int(groups.starts[step[0]])
+        entry -= int(offsets[k])
+    return choice
 
 
-def solve_sparse(
-    weights: np.ndarray,
-    values: np.ndarray,
-    capacity: int,
-    take: np.ndarray,
-    skip: np.ndarray,
-    max_entries: int,
-) -> tuple[np.ndarray, int] | None:
-    """The best set (a mask) of a knapsack with prefix capacities and the frontier entries made, or
-    None past ``max_entries``.
+def solve_sparse(groups: Groups, capacity: int, max_entries: int) -> tuple[np.ndarray, int] | None:
+    """The best choice (an option index per group, within it) and the frontier entries made, or None
+    past ``max_entries``. The instance must be feasible (``groups.reach``'s ``R[0] >= 0``).
 
     Args:
-        weights: int64 weights >= 0, in the order the caps refer to.
-        values: float64 values >= 0.
+        groups: The options, in the order the caps refer to (caps below 0: never chosen).
         capacity: Bound on the total chosen weight.
-        take: Per item, the most the chosen items before it may weigh when it is chosen
-            (below 0: it cannot be chosen).
-        skip: The same when it is not chosen (>= 0: the empty set always fits).
         max_entries: Give up (return None) when the frontiers together hold more entries.
     """
-    take, skip = np.minimum(take, capacity - weights), np.minimum(skip, capacity)
-    caps = suffix_caps(weights, take, skip, capacity)
-    dual = chain_dual(weights, values, caps, take >= 0)
-    tol = 1e-9 * max(float(values.sum()), 1e-300)
-    lower, total = _rounded_value(weights, values, take, skip, caps, dual.reduced), 0
-    order, take, skip = _processing_order(take, skip, caps, dual.reduced, capacity, weights)
-    weights, values = weights[order], values[order]
-    dual = ChainDual(np.append(dual.price[order], 0.0), dual.reduced[order], dual.upper)
-    gap, step = dual.upper - lower, TARGET_STEPS if len(weights) >= FEW_ITEMS else 0
+    room, fitted = reach(groups, capacity)
+    groups = groups._replace(caps=fitted)
+    price = group_prices(groups, room, fitted)
+    bounds = GroupBounds(groups, room, price, fitted >= 0)
+    tol = 1e-9 * max(float(np.maximum.reduceat(groups.values, groups.starts[:-1]).sum()), 1e-300)
+    lower, total = _rounded_value(groups, bounds.reduced), 0
+    order = _processing_order(groups, room, bounds.reduced)
+    groups = _permuted(groups, order)
+    price = np.minimum.accumulate(np.append(price[:-1][order], 0.0))  # equal within a run: unchanged
+    bounds = GroupBounds(groups, room, price, groups.caps >= 0)
+    gap, step = bounds.upper - lower, TARGET_STEPS if groups.count >= FEW_ITEMS else 0
     while True:
-        target = max(dual.upper - gap / 2**step, lower) if step > 0 else lower
-        done = _pass(weights, values, caps, dual, take, skip, target, tol, max_entries - total)
+        target = max(bounds.upper - gap / 2**step, lower) if step > 0 else lower
+        done = _pass(groups, room, price, bounds, target, tol, max_entries - total)
         if done is None:
             return None
-        chosen, best, entries = done
+        choice, best, entries = done
         total += entries
-        if chosen is not None and best >= target - tol:
-            unpermuted = np.zeros(len(chosen), dtype=np.bool_)
-            unpermuted[order] = chosen
+        if choice is not None and best >= target - tol:
+            unpermuted = np.zeros(len(choice), dtype=np.int64)
+            unpermuted[order] = choice
             return unpermuted, total
         if target <= lower:
             raise AssertionError("a pass whose target is a feasible value must reach it")
-        lower, step = max(lower, best), step - 1  # a set worth ``best`` was seen: aim no lower
+        lower, step = max(lower, best), step - 1  # a choice worth ``best`` was seen: aim no lower

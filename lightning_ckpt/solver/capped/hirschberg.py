@@ -24,10 +24,12 @@ entries (synthetic family P, n = 2000; 5.6% of the handover), the largest of a p
 (1,000 blocks; 1.5%), of a config 1,218 (GPT-2 XL, 48 blocks). It stays for the memory guarantee.
 
 Example:
+    >>> from lightning_ckpt.solver.capped.groups import from_items
     >>> w, v = np.array([1, 1, 1]), np.array([1.5, 2.0, 3.0])
-    >>> mask, cells, used = solve_dense(w, v, 2, np.array([2, 2, 0]), np.array([2, 2, 2]), 1)
-    >>> mask.tolist()  # item 2 only with nothing before it: items 0 and 1 (3.5) beat it alone
-    [True, True, False]
+    >>> groups = from_items(w, v, np.array([2, 2, 0]), np.array([2, 2, 2]))
+    >>> choice, cells, used = solve_dense(groups, 2, 1)
+    >>> choice.tolist()  # item 2 only with nothing before it: items 0 and 1 (3.5) beat it alone
+    [1, 1, 0]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from lightning_ckpt.solver.capped import profile
+from lightning_ckpt.solver.capped.groups import Groups
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime import pool
@@ -49,16 +52,19 @@ __all__ = ["CappedTask", "solve_dense"]
 
 @dataclass(frozen=True)
 class CappedTask(RangeTask):
-    """A forward or backward profile of items ``lo:hi`` over ``0..capacity``, or a leaf to solve,
-    in ``arena[offset:offset + capacity + 1]``; ``take`` and ``skip`` are the items' caps there."""
+    """A forward or backward profile of groups ``lo:hi`` over ``0..capacity``, or a leaf to solve,
+    in ``arena[offset:offset + capacity + 1]``; ``starts`` are the groups' option starts in the flat
+    option arrays (``hi - lo + 1`` of them), ``caps`` their options' caps there, and ``binary`` says
+    every group is a 0/1 item (the 0/1 kernels run)."""
 
     kind: str  # "forward", "backward" or "leaf"
     lo: int
     hi: int
     capacity: int
     offset: int
-    take: np.ndarray
-    skip: np.ndarray
+    starts: np.ndarray
+    caps: np.ndarray
+    binary: bool
 
     def run(
         self,
@@ -68,20 +74,22 @@ class CappedTask(RangeTask):
         stop: np.ndarray | None = None,
         grouping: tuple[int, int, int] | None = None,
     ) -> np.ndarray | None:
-        """Fill the profile (returns None) or solve the leaf (returns its mask), in this process;
-        ``stop`` (``interrupt.new_stop_flag``) is checked before every item (``SolveStopped``).
-        ``grouping`` (the uncapped kernel's) is not used."""
+        """Fill the profile (returns None) or solve the leaf (returns its choice), in this process;
+        ``weights`` and ``values`` are the flat option arrays; ``stop`` (``interrupt.new_stop_flag``)
+        is checked before every group (``SolveStopped``). ``grouping`` (the uncapped kernel's) is
+        not used."""
         out = arena[self.offset : self.offset + self.capacity + 1]
-        items = (weights[self.lo : self.hi], values[self.lo : self.hi], self.take, self.skip)
+        first, end = int(self.starts[0]), int(self.starts[-1])
+        groups = Groups(weights[first:end], values[first:end], self.caps, self.starts - first, self.binary)
         if self.kind == "leaf":
-            mask = profile.solve_leaf(*items, out, stop)
+            choice = profile.solve_leaf_groups(groups, out, stop)
         else:
             out[:] = 0.0
-            (profile.forward if self.kind == "forward" else profile.backward)(*items, out, stop)
-            mask = None
+            (profile.forward_groups if self.kind == "forward" else profile.backward_groups)(groups, out, stop)
+            choice = None
         if stop is not None:
             raise_if_stopped(stop)
-        return mask
+        return choice
 
 
 class _Segment(NamedTuple):
@@ -93,46 +101,45 @@ class _Segment(NamedTuple):
 
 
 def solve_dense(
-    weights: np.ndarray,
-    values: np.ndarray,
+    groups: Groups,
     capacity: int,
-    take: np.ndarray,
-    skip: np.ndarray,
     count: int,
     options: SolverOptions = DEFAULT_OPTIONS,
     stop: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int, int]:
-    """The best set of a capped knapsack (caps clipped to ``capacity``): ``(chosen mask, DP cells,
-    processes)``. ``count`` processes (this one included) compute the profiles when the instance has
+    """The best choice of a feasible capped instance (caps clipped to ``capacity``): ``(option index
+    per group, DP cells, processes)``. ``count`` processes (this one included) compute the profiles when the instance has
     at least ``options.parallel_min_solve_cells`` cells; ``stop`` is checked before every item.
 
     Raises:
         MemoryError: when the two profiles do not fit in the available memory.
     """
     stop = new_stop_flag() if stop is None else stop
-    floats = 2 * (capacity + len(weights))
+    weights, values = groups.weights, groups.values
+    floats = 2 * (capacity + groups.count)
     advice = "lower the capacity (a coarser weight unit, such as a larger `quantum_bytes`) or free memory"
     needed = 8 * floats + 16 * (capacity + 1)  # + the numpy forward pass's two W-sized temporaries
     check_fits(needed, None, f"the capped O(W) solver's profiles (capacity {capacity})", advice)
-    solve = lambda executor: _solve_segments(weights, capacity, take, skip, executor, options)  # noqa: E731
-    if count > 1 and len(weights) * (capacity + 1) >= options.parallel_min_solve_cells:
+    solve = lambda executor: _solve_segments(groups, capacity, executor, options)  # noqa: E731
+    if count > 1 and groups.work_items * (capacity + 1) >= options.parallel_min_solve_cells:
         shared = pool.solve_on_workers(weights, values, floats, count, options, stop, solve)
         if shared is not None:
             return *shared, count
     return *solve(pool.LocalExecutor(weights, values, np.empty(floats), options, stop)), 1
 
 
-def _tasks(seg: _Segment, take: np.ndarray, skip: np.ndarray, leaf_max_cells: int) -> list[CappedTask]:
-    """A leaf, or the two profiles of a split at the middle item."""
+def _tasks(seg: _Segment, groups: Groups, leaf_max_cells: int) -> list[CappedTask]:
+    """A leaf, or the two profiles of a split at the middle group."""
     lo, hi, cap = seg.lo, seg.hi, seg.through - seg.before
-    caps = (take[lo:hi] - seg.before, skip[lo:hi] - seg.before)
+    starts, binary = groups.starts, groups.binary
+    caps = groups.caps[starts[lo] : starts[hi]] - seg.before
     if hi - lo == 1 or (hi - lo) * (cap + 1) <= leaf_max_cells:
-        return [CappedTask("leaf", lo, hi, cap, seg.offset, *caps)]
+        return [CappedTask("leaf", lo, hi, cap, seg.offset, starts[lo : hi + 1], caps, binary)]
     mid = (lo + hi) // 2
-    left = CappedTask("forward", lo, mid, cap, seg.offset, caps[0][: mid - lo], caps[1][: mid - lo])
-    right = CappedTask(
-        "backward", mid, hi, cap, seg.offset + cap + 1, caps[0][mid - lo :], caps[1][mid - lo :]
-    )
+    cut = int(starts[mid] - starts[lo])
+    left = CappedTask("forward", lo, mid, cap, seg.offset, starts[lo : mid + 1], caps[:cut], binary)
+    right_offset = seg.offset + cap + 1
+    right = CappedTask("backward", mid, hi, cap, right_offset, starts[mid : hi + 1], caps[cut:], binary)
     return [left, right]
 
 
@@ -146,20 +153,20 @@ def _children(seg: _Segment, arena: np.ndarray) -> tuple[_Segment, _Segment]:
     return left, right
 
 
-def _solve_segments(weights, capacity, take, skip, executor, options) -> tuple[np.ndarray, int]:
+def _solve_segments(groups: Groups, capacity: int, executor, options) -> tuple[np.ndarray, int]:
     """Level by level: run every segment's tasks, then split the segments that were not leaves."""
-    chosen = np.zeros(len(weights), dtype=np.bool_)
-    segments, cells = [_Segment(0, len(weights), 0, capacity, 0)], 0
+    choice = np.zeros(groups.count, dtype=np.int64)
+    segments, cells = [_Segment(0, groups.count, 0, capacity, 0)], 0
     while segments:
-        planned = [(seg, _tasks(seg, take, skip, options.leaf_max_cells)) for seg in segments]
+        planned = [(seg, _tasks(seg, groups, options.leaf_max_cells)) for seg in segments]
         tasks = [task for _, seg_tasks in planned for task in seg_tasks]
         results = iter(executor.run(tasks))
         segments = []
         for seg, seg_tasks in planned:
-            masks = [next(results) for _ in seg_tasks]
+            picks = [next(results) for _ in seg_tasks]
             cells += sum(task.cells for task in seg_tasks)
             if seg_tasks[0].kind == "leaf":
-                chosen[seg.lo : seg.hi] = masks[0]
+                choice[seg.lo : seg.hi] = picks[0]
             else:
                 segments.extend(_children(seg, executor.arena))
-    return chosen, cells
+    return choice, cells

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from lightning_ckpt.solver.capped.groups import Groups
 from lightning_ckpt.solver.runtime import backend
 from lightning_ckpt.solver.runtime.interrupt import new_stop_flag
 
-__all__ = ["backward", "forward", "solve_leaf"]
+__all__ = ["backward", "backward_groups", "forward", "forward_groups", "solve_leaf", "solve_leaf_groups"]
 
 NEG = -np.inf
 
@@ -182,3 +183,82 @@ def backtrack(weights: np.ndarray, take: np.ndarray, skip: np.ndarray, took, top
         else:
             c = min(c, int(skip[j]))
     return chosen
+
+
+def _binary_arrays(groups: Groups) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Two-option groups ``(0, 0, skip), (w, v, take)`` as the 0/1 kernels' items."""
+    return groups.weights[1::2], groups.values[1::2], groups.caps[1::2], groups.caps[0::2]
+
+
+def _options(groups: Groups, g: int) -> list[tuple[int, float, int]]:
+    first, end = int(groups.starts[g]), int(groups.starts[g + 1])
+    items = zip(groups.weights[first:end].tolist(), groups.values[first:end].tolist(), strict=True)
+    return [(w, v, c) for (w, v), c in zip(items, groups.caps[first:end].tolist(), strict=True)]
+
+
+def forward_groups(groups: Groups, f: np.ndarray, stop: np.ndarray | None = None) -> None:
+    """Add the groups, in order, to the forward profile ``f`` (start from zeros): per group
+    ``f'[c] = max_o f[min(c - w_o, cap_o)] + v_o``. Two-option groups run the 0/1 kernels."""
+    if groups.binary:
+        forward(*_binary_arrays(groups), f, stop)
+        return
+    stop = _flag(stop)
+    for g in range(groups.count):
+        if stop[0]:
+            return
+        best = np.full(len(f), NEG)
+        for w, v, cap in _options(groups, g):
+            np.maximum(best, _take_candidates(f, w, v, cap), out=best)
+        f[:] = best
+
+
+def backward_groups(groups: Groups, h: np.ndarray, stop: np.ndarray | None = None) -> None:
+    """Add the groups, last first, to the backward profile ``h`` (start from zeros): per group
+    ``h'[x] = max_o (h[x + w_o] + v_o if x <= cap_o)``. Two-option groups run the 0/1 kernels."""
+    if groups.binary:
+        backward(*_binary_arrays(groups), h, stop)
+        return
+    size, stop = len(h), _flag(stop)
+    for g in range(groups.count - 1, -1, -1):
+        if stop[0]:
+            return
+        best = np.full(size, NEG)
+        for w, v, cap in _options(groups, g):
+            upto = min(cap, size - 1 - w)
+            if upto >= 0:
+                np.maximum(best[: upto + 1], h[w : w + upto + 1] + v, out=best[: upto + 1])
+        h[:] = best
+
+
+def solve_leaf_groups(groups: Groups, f: np.ndarray, stop: np.ndarray | None = None) -> np.ndarray:
+    """The best choice (an option index per group) of a small segment at capacity ``len(f) - 1``: a
+    forward pass recording each cell's option (the first of the best), then a backtrack.
+
+    Example:
+        >>> from lightning_ckpt.solver.capped.groups import from_options
+        >>> g = from_options(np.array([0, 2, 3, 0, 2]), np.array([0.0, 2.0, 2.5, 0.0, 1.0]),
+        ...                  np.array([9, 9, 9, 9, 1]), np.array([0, 3, 5]))
+        >>> solve_leaf_groups(g, np.zeros(6)).tolist()  # group 1's option 1 only with at most 1 before
+        [2, 0]
+    """
+    if groups.binary:
+        return solve_leaf(*_binary_arrays(groups), f, stop).astype(np.int64)
+    n, size, stop = groups.count, len(f), _flag(stop)
+    picks = np.zeros((n, size), dtype=np.int16)
+    f[:] = 0.0
+    for g in range(n):
+        if stop[0]:
+            break
+        best = np.full(size, NEG)
+        for k, (w, v, cap) in enumerate(_options(groups, g)):
+            candidates = _take_candidates(f, w, v, cap)
+            better = candidates > best
+            best[better] = candidates[better]
+            picks[g][better] = k
+        f[:] = best
+    choice, c = np.zeros(n, dtype=np.int64), size - 1
+    for g in range(n - 1, -1, -1):
+        k = int(picks[g][c])
+        w, _, cap = _options(groups, g)[k]
+        choice[g], c = k, min(c - w, cap)
+    return choice

@@ -1,12 +1,14 @@
-"""The capped engine: an exact knapsack with prefix capacities, sparse frontier first, dense past it.
+"""The capped engine: one option per group under prefix capacities, sparse frontier first, dense past it.
 
-Item ``j`` may be chosen only while the chosen items before it weigh at most ``take[j]``; when it is
-not chosen they must weigh at most ``skip[j]``; all chosen items at most the capacity W. (A plan's
-peak constraints have this form when the backward frees modules in reverse forward order.)
+Group ``g`` takes one of its options; option ``o`` may be chosen only while the chosen options of the
+groups before ``g`` weigh at most its cap; everything chosen at most the capacity W (``groups.py``).
+A 0/1 knapsack with take caps (item chosen) and skip caps (item left out) is the two-option case:
+a plan's peak constraints have that form when the backward frees modules in reverse forward order,
+and op-level plans (several options per block) the general one.
 
 ``solve_knapsack`` runs it whenever ``prefix_capacities`` or ``skip_capacities`` is given (the
-callback's planner always gives them for nested peak points). First, caps are clipped to W, and
-weights, caps and W are divided (floor) by the weights' common divisor. Then:
+callback's planner always gives them for nested peak points), ``solve_choices`` always. First, caps
+are clipped to W, and weights, caps and W are divided (floor) by the weights' common divisor. Then:
 
 - ``method="auto"``: the sparse Pareto-frontier DP (``frontier.py``, numpy, in the calling thread),
   which solves plan-like instances in milliseconds whatever W is; past ``SPARSE_MAX_ENTRIES``
@@ -24,17 +26,17 @@ Example:
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from lightning_ckpt.solver.capped import hirschberg
 from lightning_ckpt.solver.capped.frontier import solve_sparse
+from lightning_ckpt.solver.capped.groups import Groups, divided, from_items, reach
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime import interrupt
 
-__all__ = ["SPARSE_MAX_ENTRIES", "CappedAnswer", "cap_violation", "divided", "solve_capped"]
+__all__ = ["SPARSE_MAX_ENTRIES", "CappedAnswer", "cap_violation", "feasible", "solve_capped", "solve_groups"]
 
 SPARSE_MAX_ENTRIES = 1 << 22
 """The sparse path gives up past this many frontier entries (all passes together; its history holds
@@ -47,7 +49,7 @@ class CappedAnswer(NamedTuple):
     """What the capped engine found, and how."""
 
     chosen: np.ndarray
-    """Mask over the instance's items."""
+    """The option index per group (``solve_groups``), or a mask over the items (``solve_capped``)."""
     cells: int
     """Frontier entries made (``path == "frontier"``) or DP cells updated (``"dense"``)."""
     workers_used: int
@@ -58,20 +60,26 @@ class CappedAnswer(NamedTuple):
     """``"frontier"`` (the sparse DP answered) or ``"dense"`` (the dense capped Hirschberg did)."""
 
 
-def divided(
-    weights: np.ndarray, capacity: int, take: np.ndarray, skip: np.ndarray
-) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
-    """Weights, capacity and caps divided (floor) by the weights' common divisor, the caps clipped to
-    the capacity: chosen weights are multiples of the divisor, so every bound may be floored.
-
-    Example:
-        >>> w, cap, take, skip = divided(np.array([4, 6]), 13, np.array([20, 7]), np.array([5, 9]))
-        >>> w.tolist(), cap, take.tolist(), skip.tolist()
-        ([2, 3], 6, [6, 3], [2, 4])
-    """
-    divisor = math.gcd(*weights.tolist()) or 1
-    weights, capacity = weights // divisor, capacity // divisor
-    return weights, capacity, np.minimum(take // divisor, capacity), np.minimum(skip // divisor, capacity)
+def solve_groups(
+    groups: Groups,
+    capacity: int,
+    *,
+    sparse_first: bool,
+    workers: int = 1,
+    options: SolverOptions = DEFAULT_OPTIONS,
+) -> CappedAnswer:
+    """Solve a feasible instance exactly (``feasible`` says whether it is; a cap below 0 forbids its
+    option). ``sparse_first`` (``"auto"``) tries the frontier DP before the dense one; ``workers``
+    processes (this one included) compute the dense path's profiles."""
+    groups, capacity = divided(groups, capacity)
+    if sparse_first:
+        sparse = solve_sparse(groups, capacity, SPARSE_MAX_ENTRIES)
+        if sparse is not None:
+            return CappedAnswer(*sparse, 1, capacity, "frontier")
+    stop = interrupt.new_stop_flag()
+    solve = lambda: hirschberg.solve_dense(groups, capacity, workers, options, stop)  # noqa: E731
+    choice, cells, used = interrupt.run_interruptibly(solve, stop, uses_workers=workers > 1)
+    return CappedAnswer(choice, cells, used, capacity, "dense")
 
 
 def solve_capped(
@@ -85,19 +93,22 @@ def solve_capped(
     workers: int = 1,
     options: SolverOptions = DEFAULT_OPTIONS,
 ) -> CappedAnswer:
-    """Solve exactly; caps >= 0. ``sparse_first`` (``"auto"``) tries the frontier DP before the dense
-    one; ``workers`` processes (this one included) compute the dense path's profiles."""
-    weights, capacity, take, skip = divided(weights, capacity, take, skip)
-    if sparse_first:
-        sparse = solve_sparse(weights, values, capacity, take, skip, SPARSE_MAX_ENTRIES)
-        if sparse is not None:
-            return CappedAnswer(*sparse, 1, capacity, "frontier")
-    stop = interrupt.new_stop_flag()
-    solve = lambda: hirschberg.solve_dense(  # noqa: E731
-        weights, values, capacity, take, skip, workers, options, stop
-    )
-    chosen, cells, used = interrupt.run_interruptibly(solve, stop, uses_workers=workers > 1)
-    return CappedAnswer(chosen, cells, used, capacity, "dense")
+    """The 0/1 knapsack with take and skip caps (>= 0) as two-option groups; ``chosen`` is a mask."""
+    groups = from_items(weights, values, take, skip)
+    answer = solve_groups(groups, capacity, sparse_first=sparse_first, workers=workers, options=options)
+    return answer._replace(chosen=answer.chosen == 1)
+
+
+def feasible(groups: Groups, capacity: int) -> bool:
+    """Whether some choice meets every cap and the capacity.
+
+    Example:
+        >>> from lightning_ckpt.solver.capped.groups import from_options
+        >>> g = from_options(np.array([2, 3]), np.array([1.0, 1.0]), np.array([0, 2]), np.array([0, 1, 2]))
+        >>> feasible(g, 5), feasible(g, 4)
+        (True, False)
+    """
+    return bool(reach(groups, capacity)[0][0] >= 0)
 
 
 def cap_violation(

@@ -13,9 +13,11 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-__all__ = ["merge"]
+__all__ = ["merge", "merge_runs"]
 
 
 def merge(
@@ -24,11 +26,26 @@ def merge(
     """The undominated states of two sorted lists: their weights, values, and where each came from
     (an index into ``old`` then ``new``, concatenated). At equal weight the most valuable is kept;
     at equal weight and value, the one of ``old``."""
-    weights = np.concatenate((old_w, new_w))
-    values = np.concatenate((old_v, new_v))
+    return merge_runs((old_w, new_w), (old_v, new_v))
+
+
+def merge_runs(
+    weight_runs: Sequence[np.ndarray], value_runs: Sequence[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The undominated states of several sorted lists (one per option of a group), and where each
+    came from (an index into the lists concatenated in order). At equal weight the most valuable is
+    kept; at equal weight and value, the one of the earliest list.
+
+    Example:
+        >>> w, v, source = merge_runs([np.array([0, 4])] * 3, [np.array([0.0, 1.0]), np.array([2.0, 3.0]), np.array([2.0, 9.0])])
+        >>> w.tolist(), v.tolist(), source.tolist()
+        ([0, 4], [2.0, 9.0], [2, 5])
+    """
+    weights = np.concatenate(weight_runs)
+    values = np.concatenate(value_runs)
     if not len(weights):
         return weights, values, np.zeros(0, dtype=np.int64)
-    order = weights.argsort(kind="stable")  # two sorted runs: a linear merge
+    order = weights.argsort(kind="stable")  # sorted runs: a merge
     weights, values = weights[order], values[order]
     keep = np.empty(len(values), dtype=np.bool_)
     keep[0] = True
