@@ -13,7 +13,6 @@ from callback_helpers import assert_within_two_percent, fast_trainer, fit, tiny_
 from lightning.pytorch.callbacks import Callback
 from test_budget_promise import exact_budget
 
-import lightning_ckpt.solver as solver_package
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
 from lightning_ckpt.core.selective import selective_policy_of
 from lightning_ckpt.core.wrapping import checkpointed_names
@@ -21,31 +20,6 @@ from lightning_ckpt.planning.choices import Option, choice_instance, choice_peak
 from lightning_ckpt.planning.nested import PrefixForm, prefix_form
 from lightning_ckpt.planning.peak import PeakModel, fixed_peak_bytes
 from lightning_ckpt.testing import memory_cap
-
-
-def brute_force_choices(
-    weights, values, capacity, *, prefix_capacities=None, method="auto", workers=1, options=None
-):
-    """A stand-in for ``solve_choices`` with its contract: every combination, the best that fits."""
-    best = None
-    for choice in itertools.product(*(range(len(group)) for group in weights)):
-        taken = [weights[g][j] for g, j in enumerate(choice)]
-        if sum(taken) > capacity:
-            continue
-        if prefix_capacities and any(sum(taken[:g]) > prefix_capacities[g][j] for g, j in enumerate(choice)):
-            continue
-        value = sum(values[g][j] for g, j in enumerate(choice))
-        if best is None or value > best.value + 1e-12:
-            best = types.SimpleNamespace(value=value, weight=sum(taken), choice=choice, method="brute force")
-    return best
-
-
-@pytest.fixture
-def choices_solver(monkeypatch):
-    """The real ``solve_choices`` when the solver package has it, else the brute-force stand-in."""
-    if not hasattr(solver_package, "solve_choices"):
-        monkeypatch.setattr(solver_package, "solve_choices", brute_force_choices, raising=False)
-    return solver_package.solve_choices
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +73,7 @@ def _random_case(rng: random.Random, n: int) -> tuple[PrefixForm, list[list[Opti
     return form, options
 
 
-def test_the_exact_choice_equals_brute_force_over_every_combination_and_fits(choices_solver):
+def test_the_exact_choice_equals_brute_force_over_every_combination_and_fits():
     rng = random.Random(0)
     for _ in range(40):
         n = rng.randint(1, 4)
@@ -143,7 +117,7 @@ def _op_fit(budget_bytes: int, cost: str, cap_bytes: int, seed: int = 0):
     return model, callback, meter.peak_bytes
 
 
-def test_op_level_plans_are_predicted_within_two_percent(choices_solver, gpt_form):
+def test_op_level_plans_are_predicted_within_two_percent(gpt_form):
     profile, peak, _ = gpt_form
     low, high = fixed_peak_bytes(profile), peak.peak_bytes([])
     selective_seen = 0
@@ -183,7 +157,7 @@ class PolicySpy(Callback):
         self.policies.update({n: selective_policy_of(modules[n]) for n in self.callback.plan.selective})
 
 
-def test_op_level_training_gives_the_plain_parameters_with_dropout(choices_solver, gpt_form):
+def test_op_level_training_gives_the_plain_parameters_with_dropout(gpt_form):
     """Each budget's run against the plain run; the options are ranked by measured seconds, so the
     budgets are tried until a plan has selective blocks."""
     profile, peak, _ = gpt_form
