@@ -63,7 +63,15 @@ def candidate_options(
             continue
         price = c.recompute_seconds(module.recompute_seconds) if cost == "time" else float(c.recompute_flops)
         options.append(
-            Option(c.name, "selective", c.held_bytes + extra, c.transient_bytes, price, c.saved_ops)
+            Option(
+                c.name,
+                "selective",
+                c.held_bytes + extra,
+                c.transient_bytes,
+                price,
+                c.saved_ops,
+                getattr(c, "output_bytes", 0),
+            )
         )
     return _undominated(options)
 

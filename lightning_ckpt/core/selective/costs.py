@@ -63,6 +63,8 @@ class OptionCost:
         overhead_seconds: eager SAC's own measured cost per call (0 for keep and full checkpoint).
         recompute_flops: FLOPs recomputed in backward.
         policy: the selective policy (None for keep and full checkpoint).
+        output_bytes: the block's output (a selective recomputation made it again in the measured
+            steps, beyond a full checkpoint's transient: the planner adds it at the block's backward).
     """
 
     name: str
@@ -73,6 +75,7 @@ class OptionCost:
     overhead_seconds: float
     recompute_flops: int
     policy: SelectivePolicy | None = None
+    output_bytes: int = 0
 
     def recompute_seconds(self, forward_seconds: float) -> float:
         """Backward's extra time for a block whose forward takes ``forward_seconds``."""
@@ -99,7 +102,7 @@ def option_costs(
     with fake_model(block) as fake:  # on a fake twin: nothing allocated
         fake_args = fake.fake(tuple(args))
         measured = {option.name: _memory(block, fake_args, option) for option in options}
-    keep_peak = sum(measured["keep"])
+    keep_peak = sum(measured["keep"][:2])
     return [_cost(option, profile, *measured[option.name], keep_peak) for option in options]
 
 
@@ -117,7 +120,9 @@ def _candidates(profile: BlockOpProfile, max_prefixes: int) -> list[BlockOption]
     return list(distinct.values())
 
 
-def _cost(option: BlockOption, profile: BlockOpProfile, held: int, peak: int, keep_peak: int) -> OptionCost:
+def _cost(
+    option: BlockOption, profile: BlockOpProfile, held: int, peak: int, output: int, keep_peak: int
+) -> OptionCost:
     """``held`` and ``peak`` as :func:`_memory` gives them; ``keep_peak``: the kept block's backward peak
     counted from before its forward (its held bytes and its backward's rise)."""
     overhead = profile.sac_overhead_seconds if option.kind == "selective" else 0.0
@@ -134,6 +139,7 @@ def _cost(option: BlockOption, profile: BlockOpProfile, held: int, peak: int, ke
         overhead_seconds=overhead,
         recompute_flops=option.recompute_flops,
         policy=option.policy,
+        output_bytes=output,
     )
 
 
@@ -144,17 +150,19 @@ def _run(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> Any:
     return checkpoint(block, *args, use_reentrant=False, **context)
 
 
-def _memory(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> tuple[int, int]:
-    """(bytes held after the forward beyond its output, the backward's peak above its start)."""
+def _memory(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> tuple[int, int, int]:
+    """(bytes held after the forward beyond its output, the backward's peak above its start, the
+    output's bytes)."""
     inputs = [t for t in (*block.parameters(), *tree_leaves(args)) if isinstance(t, torch.Tensor)]
     inputs = [t for t in inputs if t.requires_grad]
     with torch.enable_grad(), LiveStorageTracker() as tracker:
         out = _run(block, args, option)
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-        held = tracker.live_bytes - unique_storage_bytes(tree_leaves(out))
+        output = unique_storage_bytes(tree_leaves(out))
+        held = tracker.live_bytes - output
         grads = [torch.ones_like(t) for t in outputs]
         start = tracker.peak_bytes = tracker.live_bytes
         results = torch.autograd.grad(outputs, inputs, grads, allow_unused=True)
         peak = tracker.peak_bytes - start
         del results, grads, out, outputs
-    return held, peak
+    return held, peak, output
