@@ -26,7 +26,7 @@ from lightning_ckpt.lightning.checks import (
     explain_recompute_error,
     take_over_model,
 )
-from lightning_ckpt.lightning.op_options import options_in_fit
+from lightning_ckpt.lightning.granularity import OptionBook, check_granularity
 from lightning_ckpt.lightning.plan_book import (
     PlanBook,
     book_for_fit,
@@ -37,10 +37,9 @@ from lightning_ckpt.lightning.plan_book import (
     saved_plan_problem,
 )
 from lightning_ckpt.lightning.profile import FamilyProfileError, profile_in_fit
-from lightning_ckpt.lightning.ranks import any_rank, decide_plan, log_metrics, max_over_ranks
-from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, family_top, pad_batch
+from lightning_ckpt.lightning.ranks import any_rank, log_metrics, max_over_ranks
+from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, family_top
 from lightning_ckpt.planning import BudgetTooSmallError
-from lightning_ckpt.planning.op_plan import make_op_plan
 from lightning_ckpt.planning.plan import CheckpointPlan
 from lightning_ckpt.solver.validate import Method
 from lightning_ckpt.units import BYTES_PER_GB
@@ -75,8 +74,7 @@ class AutoCheckpoint(Callback):
         quantum_bytes: memory unit of the knapsack (weights rounded up, capacity down).
         workers: processes for the knapsack solver on large problems.
         measure: measure the real peak on the step after planning and re-plan once if it is over budget.
-        granularity: ``"block"`` (keep or checkpoint each candidate whole) or ``"op"`` (also selective
-            policies per candidate: save chosen op outputs, recompute the rest; one device for now).
+        granularity: ``"block"`` (whole candidates) or ``"op"`` (also selective policies; one device).
 
     Raises:
         ValueError: for an argument outside what is allowed (the message names it and what was given).
@@ -110,7 +108,7 @@ class AutoCheckpoint(Callback):
         self._setting: dict[str, Any] | None = None  # what the plans depend on besides the batch shapes
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
         self._model_settings = contextlib.ExitStack()  # undoes what `take_over_model` changed
-        self._options: dict[BatchShapes, dict[str, Any]] = {}  # op level: each plan's measured options
+        self._options = OptionBook(self.config)  # op level: each plan's measured options
 
     @property
     def budget_gb(self) -> float:
@@ -147,16 +145,9 @@ class AutoCheckpoint(Callback):
             self._setting = run_setting(trainer, self.config)
             check_trainer(trainer, pl_module)
             check_single(trainer, self)
-            self._check_granularity(trainer)
+            check_granularity(trainer, self.config)
             if any(True for _ in pl_module.children()):  # models built in `configure_model` are checked later
                 find_candidates(pl_module, self.config.targets)  # no candidates: fail now, not at step 1
-
-    def _check_granularity(self, trainer: pl.Trainer) -> None:
-        if self.config.granularity == "op" and trainer.world_size > 1:
-            raise ValueError(
-                "`granularity` must be 'block' on more than one device (op-level plans are not yet"
-                f" shared across ranks), got 'op' with world size {trainer.world_size}"
-            )
 
     @override
     def on_train_batch_start(
@@ -249,7 +240,7 @@ class AutoCheckpoint(Callback):
                 _text(shapes),
                 len(plan.checkpointed),
             )
-        self._apply(pl_module, plan)
+        apply_plan(pl_module, plan)
         self._shapes = self._book.current = shapes
         log_metrics(trainer, plan)
 
@@ -288,14 +279,11 @@ class AutoCheckpoint(Callback):
                 rank_zero_info(
                     f"AutoCheckpoint: the saved plan for {_text(target)} is not applied: {problem}; planning anew"
                 )
-            target, profile, plan = self._new_plan(
-                trainer,
-                profile_at,
-                shapes,
-                target,
-                profile,
-                functools.partial(self._measure_options, trainer, pl_module, batch, batch_idx),
+            candidates = self._candidates(pl_module)
+            measure = functools.partial(
+                self._options.measure, trainer, pl_module, batch, batch_idx, candidates
             )
+            target, profile, plan = self._new_plan(trainer, profile_at, shapes, target, profile, measure)
             family = f" (for {_text(shapes)} and every batch it covers)" if target != shapes else ""
             rank_zero_info(f"AutoCheckpoint plan for batch shapes {_text(target)}{family}:\n{plan}")
         else:
@@ -318,7 +306,7 @@ class AutoCheckpoint(Callback):
         too small at a family's top (a batch that fits is never refused for its family)."""
         try:
             measure_options(target)
-            plan = self._decide(trainer, profile, target)
+            plan = self._options.decide(trainer, profile, target)
         except BudgetTooSmallError:
             (retry,) = any_rank(trainer, target != shapes)
             if not retry:
@@ -328,7 +316,7 @@ class AutoCheckpoint(Callback):
                 self._book.refused.add(target)
                 target, profile = shapes, profile_at(shapes)
                 measure_options(target)
-            plan = self._decide(trainer, profile, target)
+            plan = self._options.decide(trainer, profile, target)
         if not plan.checkpointed:
             headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / BYTES_PER_GB
             rank_zero_info(
@@ -360,43 +348,6 @@ class AutoCheckpoint(Callback):
         by_torch = checkpointed_by_torch(pl_module, names)
         return [name for name in names if name not in by_torch]
 
-    def _apply(self, pl_module: pl.LightningModule, plan: CheckpointPlan) -> None:
-        apply_plan(pl_module, plan)
-
-    def _decide(
-        self,
-        trainer: pl.Trainer,
-        profile: StepProfile,
-        shapes: BatchShapes,
-        budget_bytes: int | None = None,
-    ) -> CheckpointPlan:
-        """The plan for ``profile``: across ranks at block level, from the measured options at op level."""
-        if self.config.granularity == "block":
-            return decide_plan(trainer, profile, self.config, shapes, budget_bytes)
-        budget = self.budget_bytes if budget_bytes is None else budget_bytes
-        try:
-            return make_op_plan(profile, self._options.get(shapes, {}), budget, self.config)
-        except BudgetTooSmallError as error:
-            raise BudgetTooSmallError(
-                error.budget_bytes, error.minimum_bytes, error.num_candidates, [s for s, _ in shapes]
-            ) from None
-
-    def _measure_options(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        shapes: BatchShapes,
-    ) -> None:
-        """Op level: measure each candidate's options on the batch grown to ``shapes`` (block level: nothing)."""
-        if self.config.granularity != "op" or shapes in self._options:
-            return
-        grown = pad_batch(batch, shapes) if shapes != batch_shapes(batch) else batch
-        self._options[shapes] = options_in_fit(
-            trainer, pl_module, grown, batch_idx, self._candidates(pl_module)
-        )
-
     def _replan(
         self,
         trainer: pl.Trainer,
@@ -422,7 +373,7 @@ class AutoCheckpoint(Callback):
             )
             return
         try:
-            plan = self._decide(trainer, profile, shapes, max(self.budget_bytes - overshoot_bytes, 0))
+            plan = self._options.decide(trainer, profile, shapes, max(self.budget_bytes - overshoot_bytes, 0))
         except BudgetTooSmallError as error:
             rank_zero_warn(
                 f"AutoCheckpoint: cannot re-plan within the budget ({error}); keeping the current plan"
@@ -430,7 +381,7 @@ class AutoCheckpoint(Callback):
             self._book.plans[shapes] = replanned(current, self.budget_bytes, current.measured_peak_bytes)
             return
         self._book.plans[shapes] = plan = replanned(plan, self.budget_bytes, None)
-        self._apply(pl_module, plan)
+        apply_plan(pl_module, plan)
         rank_zero_info(f"AutoCheckpoint re-plan:\n{plan}")
 
     def _start_measuring(self, trainer: pl.Trainer) -> None:

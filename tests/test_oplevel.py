@@ -3,6 +3,7 @@ predicted peak against the block-level model and against the measured one, and t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import types
@@ -16,6 +17,7 @@ from test_budget_promise import exact_budget
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
 from lightning_ckpt.core.selective import selective_policy_of
 from lightning_ckpt.core.wrapping import checkpointed_names
+from lightning_ckpt.lightning.granularity import check_granularity
 from lightning_ckpt.planning.choices import Option, choice_instance, choice_peak_bytes, solve_options
 from lightning_ckpt.planning.nested import PrefixForm, prefix_form
 from lightning_ckpt.planning.peak import PeakModel, fixed_peak_bytes
@@ -182,7 +184,7 @@ def test_op_level_training_gives_the_plain_parameters_with_dropout(gpt_form):
 
 
 def test_op_level_is_refused_on_several_devices():
-    callback = AutoCheckpoint(budget_gb=1, granularity="op")
-    trainer = types.SimpleNamespace(world_size=2)
+    config = AutoCheckpoint(budget_gb=1, granularity="op").config
     with pytest.raises(ValueError, match="`granularity` must be 'block' on more than one device"):
-        callback._check_granularity(trainer)
+        check_granularity(types.SimpleNamespace(world_size=2), config)
+    check_granularity(types.SimpleNamespace(world_size=2), dataclasses.replace(config, granularity="block"))

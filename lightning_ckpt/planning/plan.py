@@ -156,7 +156,7 @@ def format_plan_table(plan: CheckpointPlan) -> str:
         "decision",
     )
     if any(item.option for item in plan.items):  # op level: each block's option, its recompute
-        header += ("option", "option ms" if timed else "option GFLOP")
+        header += ("option", "option ms")
         rows = [row + _option_cells(item, timed) for row, item in zip(rows, plan.items, strict=True)]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [_fmt_row(header, widths), _fmt_row(tuple("-" * w for w in widths), widths)]
@@ -183,8 +183,8 @@ def _option_cells(item: PlanItem, timed: bool) -> tuple[str, str]:
         if item.saved_ops
         else ""
     )
-    seconds = item.option_seconds or 0.0
-    return f"{item.option}{ops}", f"{seconds * 1e3:.3f}" if timed else f"{seconds / 1e9:.3f}"
+    seconds = item.option_seconds or 0.0  # a plan priced in FLOPs has no option seconds
+    return f"{item.option}{ops}", f"{seconds * 1e3:.3f}" if timed else "-"
 
 
 def _timed(plan: CheckpointPlan) -> bool:
