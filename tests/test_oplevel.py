@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 import types
 
@@ -188,3 +189,39 @@ def test_op_level_is_refused_on_several_devices():
     with pytest.raises(ValueError, match="`granularity` must be 'block' on more than one device"):
         check_granularity(types.SimpleNamespace(world_size=2), config)
     check_granularity(types.SimpleNamespace(world_size=2), dataclasses.replace(config, granularity="block"))
+
+
+def _saved_plan(**item_fields) -> dict:
+    item = {"name": "h.0", "activation_bytes": 10, "input_bytes": 1, "recompute_seconds": 0.5} | item_fields
+    return {
+        "checkpointed": ["h.0"],
+        "kept": [],
+        "items": [item],
+        "static_bytes": 100,
+        "budget_bytes": 200,
+        "predicted_peak_bytes": 150,
+        "recompute_seconds": seconds if math.isfinite(seconds := item.get("option_seconds") or 0.5) else 0.5,
+        "solver_method": "auto (multiple choice, prefix capacities)",
+        "solver_seconds": 0.001,
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"option": "keep"}, r"item 'h.0' has option 'keep' but is checkpointed"),
+        ({"option": "sdpa", "option_seconds": 0.2}, r"selective option 'sdpa' but no `saved_ops`"),
+        ({"option": "sdpa", "saved_ops": [["aten.mm.default", -1]]}, r"`saved_ops` must be a list of \[op"),
+        ({"option_seconds": float("nan")}, r"`option_seconds` must be None or a finite number of seconds"),
+    ],
+)
+def test_a_saved_op_level_plan_is_checked_field_by_field(fields, match):
+    with pytest.raises(ValueError, match=match):
+        CheckpointPlan.from_dict(_saved_plan(**fields))
+
+
+def test_a_saved_op_level_plan_round_trips_its_option_through_plain_lists():
+    data = _saved_plan(option="sdpa", saved_ops=[["aten.mm.default", 0]], option_seconds=0.2)
+    plan = CheckpointPlan.from_dict(data)
+    assert plan.selective == ("h.0",) and plan.items[0].saved_ops == (("aten.mm.default", 0),)
+    assert CheckpointPlan.from_dict(plan.to_dict()) == plan and "sdpa (1 op saved)" in str(plan)
