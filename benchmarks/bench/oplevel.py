@@ -116,7 +116,13 @@ def _predict(form, profile, costs: list[OptionCost], arrangement: dict) -> int:
         if isinstance(what, OptionCost):
             group.append(
                 Option(
-                    what.name, "selective", what.held_bytes, what.transient_bytes, 0.5, (), what.output_bytes
+                    what.name,
+                    "selective",
+                    what.held_bytes,
+                    what.transient_bytes,
+                    0.5,
+                    (),
+                    max(what.output_bytes, what.forward_extra_bytes),
                 )
             )
         options.append(group)

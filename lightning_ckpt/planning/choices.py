@@ -7,8 +7,9 @@ after the last, the total base plus what every candidate holds. Block level, ``g
 kept (its take base binds) and nothing when checkpointed (its skip base, the recompute included). An
 option ``j`` of ``g`` generalises both: it holds ``held_bytes[j]`` from its forward to its backward, and
 its own backward's base is the take base plus the option's measured ``transient_bytes``, never below the
-skip base plus the block's output (a selective recomputation runs inside the kept block's backward, as
-a full one does, and measured steps show it making the block's output again besides). That is
+skip base plus its measured extra over a full checkpoint (a selective recomputation runs inside the
+kept block's backward, as a full one does, makes the block's output again besides, and its forward
+holds its cache beside the forward's temporaries). That is
 a multiple-choice knapsack with prefix capacities: group ``g``'s option ``j`` weighs its held bytes and
 may be taken while the groups before it weigh at most ``(budget - base[g][j]) // quantum``. Weights are
 rounded up and rooms down to whole quanta, so a choice that fits in quanta fits in bytes; keep and
@@ -57,9 +58,9 @@ class Option:
         transient_bytes: what its own backward adds over the kept candidate's backward.
         cost: its recompute per step (seconds or FLOPs, as ``cost`` says; keep: 0).
         saved_ops: the op calls a selective option saves, ``(op name, occurrence)``.
-        recompute_output_bytes: a selective option's recomputation also makes the block's output again
-            (measured on the example GPT: one output over the full checkpoint's point); added to the skip
-            base at its backward.
+        skip_extra_bytes: what a selective option adds over the full checkpoint's own points (the
+            skip base): the most of the block's output, which its recomputation makes again, and how much
+            higher its forward peaks than a checkpointed forward (both measured).
     """
 
     name: str
@@ -68,7 +69,7 @@ class Option:
     transient_bytes: int
     cost: float
     saved_ops: tuple[tuple[str, int], ...] = ()
-    recompute_output_bytes: int = 0
+    skip_extra_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def option_bases(form: PrefixForm, position: int, options: Sequence[Option]) -> 
         elif option.kind == "checkpoint":
             bases.append(skip)
         else:
-            bases.append(max(take + option.transient_bytes, skip + option.recompute_output_bytes))
+            bases.append(max(take + option.transient_bytes, skip + option.skip_extra_bytes))
     return bases
 
 

@@ -70,7 +70,7 @@ def candidate_options(
                 c.transient_bytes,
                 price,
                 c.saved_ops,
-                getattr(c, "output_bytes", 0),
+                max(getattr(c, "output_bytes", 0), getattr(c, "forward_extra_bytes", 0)),
             )
         )
     return _undominated(options)

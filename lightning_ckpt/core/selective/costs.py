@@ -65,6 +65,8 @@ class OptionCost:
         policy: the selective policy (None for keep and full checkpoint).
         output_bytes: the block's output (a selective recomputation made it again in the measured
             steps, beyond a full checkpoint's transient: the planner adds it at the block's backward).
+        forward_extra_bytes: how much higher its forward peaks than a fully checkpointed forward's
+            (its cache grows beside the forward's temporaries; 0 for keep and checkpoint).
     """
 
     name: str
@@ -76,6 +78,7 @@ class OptionCost:
     recompute_flops: int
     policy: SelectivePolicy | None = None
     output_bytes: int = 0
+    forward_extra_bytes: int = 0
 
     def recompute_seconds(self, forward_seconds: float) -> float:
         """Backward's extra time for a block whose forward takes ``forward_seconds``."""
@@ -103,7 +106,14 @@ def option_costs(
         fake_args = fake.fake(tuple(args))
         measured = {option.name: _memory(block, fake_args, option) for option in options}
     keep_peak = sum(measured["keep"][:2])
-    return [_cost(option, profile, *measured[option.name], keep_peak) for option in options]
+    full_forward = measured["checkpoint"][3]
+    costs = [_cost(option, profile, *measured[option.name][:3], keep_peak) for option in options]
+    return [
+        dataclasses.replace(c, forward_extra_bytes=max(0, measured[c.name][3] - full_forward))
+        if c.kind == "selective"
+        else c
+        for c in costs
+    ]
 
 
 def _candidates(profile: BlockOpProfile, max_prefixes: int) -> list[BlockOption]:
@@ -150,14 +160,15 @@ def _run(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> Any:
     return checkpoint(block, *args, use_reentrant=False, **context)
 
 
-def _memory(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> tuple[int, int, int]:
+def _memory(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> tuple[int, int, int, int]:
     """(bytes held after the forward beyond its output, the backward's peak above its start, the
-    output's bytes)."""
+    output's bytes, the forward's peak)."""
     inputs = [t for t in (*block.parameters(), *tree_leaves(args)) if isinstance(t, torch.Tensor)]
     inputs = [t for t in inputs if t.requires_grad]
     with torch.enable_grad(), LiveStorageTracker() as tracker:
         out = _run(block, args, option)
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        forward_peak = tracker.peak_bytes
         output = unique_storage_bytes(tree_leaves(out))
         held = tracker.live_bytes - output
         grads = [torch.ones_like(t) for t in outputs]
@@ -165,4 +176,4 @@ def _memory(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> tup
         results = torch.autograd.grad(outputs, inputs, grads, allow_unused=True)
         peak = tracker.peak_bytes - start
         del results, grads, out, outputs
-    return held, peak, output
+    return held, peak, output, forward_peak
