@@ -13,16 +13,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.config import AutoCheckpointConfig, Granularity
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.memory.meter import track_peak_bytes
 from lightning_ckpt.core.profile_types import Cost, StepProfile
-from lightning_ckpt.core.wrapping import (
-    apply_checkpointing,
-    checkpointed_by_torch,
-    checkpointed_names,
-    remove_checkpointing,
-)
+from lightning_ckpt.core.wrapping import checkpointed_by_torch, remove_checkpointing
+from lightning_ckpt.lightning.apply_plan import apply_plan
 from lightning_ckpt.lightning.checks import (
     check_sharding,
     check_single,
@@ -30,6 +26,7 @@ from lightning_ckpt.lightning.checks import (
     explain_recompute_error,
     take_over_model,
 )
+from lightning_ckpt.lightning.granularity import OptionBook, check_granularity
 from lightning_ckpt.lightning.plan_book import (
     PlanBook,
     book_for_fit,
@@ -40,7 +37,7 @@ from lightning_ckpt.lightning.plan_book import (
     saved_plan_problem,
 )
 from lightning_ckpt.lightning.profile import FamilyProfileError, profile_in_fit
-from lightning_ckpt.lightning.ranks import any_rank, decide_plan, log_metrics, max_over_ranks
+from lightning_ckpt.lightning.ranks import any_rank, log_metrics, max_over_ranks
 from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, family_top
 from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.planning.plan import CheckpointPlan
@@ -77,6 +74,7 @@ class AutoCheckpoint(Callback):
         quantum_bytes: memory unit of the knapsack (weights rounded up, capacity down).
         workers: processes for the knapsack solver on large problems.
         measure: measure the real peak on the step after planning and re-plan once if it is over budget.
+        granularity: ``"block"`` (whole candidates) or ``"op"`` (also selective policies; one device).
 
     Raises:
         ValueError: for an argument outside what is allowed (the message names it and what was given).
@@ -99,14 +97,18 @@ class AutoCheckpoint(Callback):
         quantum_bytes: int = 512,
         workers: int = 1,
         measure: bool = True,
+        granularity: Granularity = "block",
     ) -> None:
-        self.config = AutoCheckpointConfig(budget_gb, targets, cost, solver, quantum_bytes, workers, measure)
+        self.config = AutoCheckpointConfig(
+            budget_gb, targets, cost, solver, quantum_bytes, workers, measure, granularity
+        )
         self._book = PlanBook()
         self._shapes: BatchShapes | None = None  # the batch shapes whose plan is applied now
         self._meter: track_peak_bytes | None = None
         self._setting: dict[str, Any] | None = None  # what the plans depend on besides the batch shapes
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
         self._model_settings = contextlib.ExitStack()  # undoes what `take_over_model` changed
+        self._options = OptionBook(self.config)  # op level: each plan's measured options
 
     @property
     def budget_gb(self) -> float:
@@ -143,6 +145,7 @@ class AutoCheckpoint(Callback):
             self._setting = run_setting(trainer, self.config)
             check_trainer(trainer, pl_module)
             check_single(trainer, self)
+            check_granularity(trainer, self.config)
             if any(True for _ in pl_module.children()):  # models built in `configure_model` are checked later
                 find_candidates(pl_module, self.config.targets)  # no candidates: fail now, not at step 1
 
@@ -237,7 +240,7 @@ class AutoCheckpoint(Callback):
                 _text(shapes),
                 len(plan.checkpointed),
             )
-        self._apply(pl_module, plan)
+        apply_plan(pl_module, plan)
         self._shapes = self._book.current = shapes
         log_metrics(trainer, plan)
 
@@ -268,13 +271,19 @@ class AutoCheckpoint(Callback):
             target, profile = shapes, profile_at(shapes)
         saved = self._book.plans.get(target) if target in self._book.unchecked else None
         problem = None if saved is None else saved_plan_problem(saved, profile, self.budget_bytes)
+        if saved is not None and saved.selective:
+            problem = "its selective options are measured again on a resume"
         (replan,) = any_rank(trainer, saved is None or problem is not None)
         if replan:
             if problem is not None:
                 rank_zero_info(
                     f"AutoCheckpoint: the saved plan for {_text(target)} is not applied: {problem}; planning anew"
                 )
-            target, profile, plan = self._new_plan(trainer, profile_at, shapes, target, profile)
+            candidates = self._candidates(pl_module)
+            measure = functools.partial(
+                self._options.measure, trainer, pl_module, batch, batch_idx, candidates
+            )
+            target, profile, plan = self._new_plan(trainer, profile_at, shapes, target, profile, measure)
             family = f" (for {_text(shapes)} and every batch it covers)" if target != shapes else ""
             rank_zero_info(f"AutoCheckpoint plan for batch shapes {_text(target)}{family}:\n{plan}")
         else:
@@ -291,11 +300,13 @@ class AutoCheckpoint(Callback):
         shapes: BatchShapes,
         target: BatchShapes,
         profile: StepProfile,
+        measure_options: Callable[[BatchShapes], None],
     ) -> tuple[BatchShapes, StepProfile, CheckpointPlan]:
         """The plan for ``target`` from its ``profile``; for the batch's own ``shapes`` when the budget is
         too small at a family's top (a batch that fits is never refused for its family)."""
         try:
-            plan = decide_plan(trainer, profile, self.config, target)
+            measure_options(target)
+            plan = self._options.decide(trainer, profile, target)
         except BudgetTooSmallError:
             (retry,) = any_rank(trainer, target != shapes)
             if not retry:
@@ -304,7 +315,8 @@ class AutoCheckpoint(Callback):
             if target != shapes:
                 self._book.refused.add(target)
                 target, profile = shapes, profile_at(shapes)
-            plan = decide_plan(trainer, profile, self.config, target)
+                measure_options(target)
+            plan = self._options.decide(trainer, profile, target)
         if not plan.checkpointed:
             headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / BYTES_PER_GB
             rank_zero_info(
@@ -336,16 +348,6 @@ class AutoCheckpoint(Callback):
         by_torch = checkpointed_by_torch(pl_module, names)
         return [name for name in names if name not in by_torch]
 
-    def _apply(self, pl_module: pl.LightningModule, plan: CheckpointPlan) -> None:
-        """Checkpoint exactly ``plan.checkpointed`` (only what changes is unwrapped or wrapped)."""
-        wanted = set(plan.checkpointed)
-        current = set(checkpointed_names(pl_module))
-        if current - wanted:
-            remove_checkpointing(pl_module)
-            current = set()
-        if wanted - current:
-            apply_checkpointing(pl_module, [name for name in plan.checkpointed if name not in current])
-
     def _replan(
         self,
         trainer: pl.Trainer,
@@ -371,9 +373,7 @@ class AutoCheckpoint(Callback):
             )
             return
         try:
-            plan = decide_plan(
-                trainer, profile, self.config, shapes, max(self.budget_bytes - overshoot_bytes, 0)
-            )
+            plan = self._options.decide(trainer, profile, shapes, max(self.budget_bytes - overshoot_bytes, 0))
         except BudgetTooSmallError as error:
             rank_zero_warn(
                 f"AutoCheckpoint: cannot re-plan within the budget ({error}); keeping the current plan"
@@ -381,7 +381,7 @@ class AutoCheckpoint(Callback):
             self._book.plans[shapes] = replanned(current, self.budget_bytes, current.measured_peak_bytes)
             return
         self._book.plans[shapes] = plan = replanned(plan, self.budget_bytes, None)
-        self._apply(pl_module, plan)
+        apply_plan(pl_module, plan)
         rank_zero_info(f"AutoCheckpoint re-plan:\n{plan}")
 
     def _start_measuring(self, trainer: pl.Trainer) -> None:

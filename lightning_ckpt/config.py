@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -18,7 +18,12 @@ from lightning_ckpt.core.profile_types import COSTS, Cost
 from lightning_ckpt.solver.validate import MAX_WORKERS, METHODS, Method
 from lightning_ckpt.units import gb_to_bytes
 
-__all__ = ["AutoCheckpointConfig"]
+__all__ = ["GRANULARITIES", "AutoCheckpointConfig", "Granularity"]
+
+Granularity = Literal["block", "op"]
+"""What a plan chooses per candidate: keep or checkpoint it whole (``"block"``), or also a selective
+policy that saves chosen op outputs and recomputes the rest (``"op"``)."""
+GRANULARITIES: tuple[str, ...] = get_args(Granularity)
 
 MAX_BUDGET_GB = 1e9
 """An upper bound that no device reaches (10^18 bytes), so that byte counts stay exact integers."""
@@ -59,6 +64,9 @@ class AutoCheckpointConfig:
     """Processes for the knapsack solver on large problems."""
     measure: bool = True
     """Measure the real peak on the step after planning and re-plan once if it is over the budget."""
+    granularity: Granularity = "block"
+    """``"block"``: keep or checkpoint each candidate whole; ``"op"``: also selective policies per
+    candidate (save the outputs of chosen ops, recompute the rest), measured and chosen exactly."""
 
     def __post_init__(self) -> None:
         _check_budget(self.budget_gb)
@@ -74,6 +82,9 @@ class AutoCheckpointConfig:
         object.__setattr__(self, "workers", _check_positive_int("workers", self.workers, most=MAX_WORKERS))
         if not isinstance(self.measure, bool):
             raise ValueError(f"`measure` must be a bool (True or False), got {self.measure!r}")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"`granularity` must be one of {GRANULARITIES}, got {self.granularity!r}")
+        object.__setattr__(self, "granularity", str(self.granularity))
         object.__setattr__(self, "budget_gb", float(self.budget_gb))
 
     @property

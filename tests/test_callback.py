@@ -13,6 +13,8 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import lightning_ckpt.callback as callback_module
+import lightning_ckpt.lightning.apply_plan as apply_plan_module
+import lightning_ckpt.lightning.granularity as granularity_module
 import lightning_ckpt.lightning.ranks as ranks_module
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
 from lightning_ckpt.core.memory.meter import track_peak_bytes
@@ -173,12 +175,12 @@ def test_resume_checks_the_saved_plan_once_keeps_it_and_matches_uninterrupted(tm
     ckpt = next(tmp_path.glob("*step=3.ckpt"))
 
     profiles, solves = [], []
-    real_profile, real_decide = callback_module.profile_in_fit, callback_module.decide_plan
+    real_profile, real_decide = callback_module.profile_in_fit, granularity_module.decide_plan
     monkeypatch.setattr(
         callback_module, "profile_in_fit", lambda *a, **k: profiles.append(1) or real_profile(*a, **k)
     )
     monkeypatch.setattr(
-        callback_module, "decide_plan", lambda *a, **k: solves.append(1) or real_decide(*a, **k)
+        granularity_module, "decide_plan", lambda *a, **k: solves.append(1) or real_decide(*a, **k)
     )
     resumed_model, second = tiny_gpt(seed=99, dropout=0.0), AutoCheckpoint(budget_gb=budget_gb)
     trainer = fast_trainer([second], max_steps=6)
@@ -350,7 +352,7 @@ def test_a_saved_plan_naming_a_non_candidate_is_not_applied(monkeypatch):
     callback = AutoCheckpoint(budget_gb=1000)
     callback.load_state_dict(state)  # well formed: refused only once the model is known
     wrapped: list[list[str]] = []
-    monkeypatch.setattr(callback_module, "apply_checkpointing", lambda module, names: wrapped.append(names))
+    monkeypatch.setattr(apply_plan_module, "apply_checkpointing", lambda module, names: wrapped.append(names))
     with pytest.warns(
         UserWarning, match=r"name modules that are not candidates of this model \(lm_head\); profiling"
     ):

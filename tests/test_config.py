@@ -51,6 +51,10 @@ def test_callback_keeps_its_settings_in_one_config():
         ),
         ({"budget_gb": 5e-324}, r"`budget_gb` must be at least one byte \(1e-09 GB\), got 5e-324$"),
         ({"budget_gb": 4e-10}, r"`budget_gb` must be at least one byte \(1e-09 GB\), got 4e-10$"),
+        (
+            {"budget_gb": 1, "granularity": "ops"},
+            r"`granularity` must be one of \('block', 'op'\), got 'ops'$",
+        ),
         ({"budget_gb": 1, "measure": "no"}, r"`measure` must be a bool \(True or False\), got 'no'"),
         ({"budget_gb": 1, "measure": 1}, r"`measure` must be a bool \(True or False\), got 1"),
         (

@@ -24,7 +24,12 @@ from lightning_ckpt.core.selective.options import (
     profile_block,
 )
 from lightning_ckpt.core.selective.policy import SelectivePolicy
-from lightning_ckpt.core.wrapping import apply_checkpointing, is_checkpointed, remove_checkpointing
+from lightning_ckpt.core.wrapping import (
+    apply_checkpointing,
+    checkpointing_removed,
+    is_checkpointed,
+    remove_checkpointing,
+)
 
 
 def _gpt_block(dropout: float) -> nn.Module:
@@ -220,3 +225,16 @@ def test_backward_recomputes_exactly_the_matmuls_an_option_does_not_save(profile
         _wrap(model, option)
         assert _step_matmul_flops(model) - kept == recomputed, option.name
         remove_checkpointing(model)
+
+
+def test_checkpointing_removed_puts_a_selective_checkpoint_back_selective(profiles):
+    model = nn.Sequential(_gpt_block(0.5), _gpt_block(0.5))
+    policy = named_options(profiles[("gpt_block", 0.5)])["sdpa+matmuls"].policy
+    apply_selective_checkpointing(model, {"0": policy})
+    apply_checkpointing(model, ["1"])
+    expected = _grads(model)
+    with checkpointing_removed(model) as names:
+        assert sorted(names) == ["0", "1"] and not is_checkpointed(model[0])
+    assert selective_policy_of(model[0]) is policy
+    assert is_checkpointed(model[1]) and selective_policy_of(model[1]) is None
+    torch.testing.assert_close(_grads(model), expected)  # the fresh states recompute as before

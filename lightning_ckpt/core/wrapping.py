@@ -153,6 +153,11 @@ class _Checkpoint:
     def replay_started(self) -> None:
         """Called when backward's recomputation reaches the module's pre-hook (a subclass enters a mode)."""
 
+    def fresh(self) -> _Checkpoint:
+        """A new state of the same kind for the same module (no calls in flight): what re-wrapping it
+        installs (a subclass keeps its policy)."""
+        return _Checkpoint(self.name)
+
     def finish(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         """Forward hook (also called when the forward raised): close the region; in a replay, stop it."""
         if torch.compiler.is_compiling():
@@ -304,7 +309,8 @@ def remove_checkpointing(model: nn.Module) -> list[str]:
 
 @contextlib.contextmanager
 def checkpointing_removed(model: nn.Module) -> Iterator[list[str]]:
-    """Remove this package's checkpointing for the duration of the block, then put it back.
+    """Remove this package's checkpointing for the duration of the block, then put it back as it was
+    (a selective checkpoint comes back selective, with its policy).
 
     Yields the names that were unwrapped (to profile a model as it runs without checkpoints).
 
@@ -318,12 +324,22 @@ def checkpointing_removed(model: nn.Module) -> Iterator[list[str]]:
         >>> checkpointed_names(model)
         ['0']
     """
+    states = {
+        strip_wrapper_prefixes(name): (module, module.__dict__[_STATE])
+        for name, module in model.named_modules()
+        if is_checkpointed(module)
+    }
     names = remove_checkpointing(model)
     try:
         yield names
     finally:
-        if names:
-            apply_checkpointing(model, names)
+        full = [name for name in names if type(states[name][1]) is _Checkpoint]
+        if full:
+            apply_checkpointing(model, full)
+        for name in names:  # selective checkpointing: the same kind of state, its policy kept
+            module, state = states[name]
+            if type(state) is not _Checkpoint:
+                _wrap(module, state.fresh())
 
 
 def checkpointed_names(model: nn.Module) -> list[str]:

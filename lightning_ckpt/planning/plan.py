@@ -16,8 +16,9 @@ class PlanItem:
     """One candidate module as the plan saw it (plain data, safe to save in a checkpoint).
 
     Example:
-        >>> PlanItem("h.0", activation_bytes=4_000_000, input_bytes=1_000_000, recompute_seconds=0.002)
-        PlanItem(name='h.0', activation_bytes=4000000, input_bytes=1000000, recompute_seconds=0.002, flops=0, keep_bytes=0)
+        >>> item = PlanItem("h.0", activation_bytes=4_000_000, input_bytes=1_000_000, recompute_seconds=0.002)
+        >>> item.keep_bytes, item.option, item.selective
+        (0, '', False)
     """
 
     name: str
@@ -27,6 +28,18 @@ class PlanItem:
     flops: int = 0
     keep_bytes: int = 0
     """What the knapsack weighed: the most bytes keeping it adds to any point of the predicted peak."""
+    option: str = ""
+    """Op-level plans (``granularity="op"``): the option chosen, ``"keep"``, ``"checkpoint"`` or a
+    selective rule's name; ``""`` in a block-level plan (kept or checkpointed as the plan's lists say)."""
+    saved_ops: tuple[tuple[str, int], ...] = ()
+    """A selective option's saved op calls, ``(op name, occurrence)`` as its policy names them."""
+    option_seconds: float | None = None
+    """The chosen option's recompute per step (SAC's overhead included); None in a block-level plan."""
+
+    @property
+    def selective(self) -> bool:
+        """Whether the item runs under a selective policy (it is among the plan's checkpointed)."""
+        return bool(self.saved_ops)
 
 
 @dataclass(frozen=True)
@@ -93,9 +106,14 @@ class CheckpointPlan:
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ValueError(problems[0] + more)
-        items = tuple(PlanItem(**item) for item in data["items"])
+        items = tuple(PlanItem(**_item_data(item)) for item in data["items"])
         names = {key: tuple(data.get(key, ())) for key in ("checkpointed", "kept", "notes")}
         return cls(**(data | names | {"items": items}))
+
+    @property
+    def selective(self) -> tuple[str, ...]:
+        """The checkpointed items that run under a selective policy (op-level plans)."""
+        return tuple(item.name for item in self.items if item.selective)
 
     def metrics(self) -> dict[str, float]:
         """Scalars for the trainer's logger (GB, counts, seconds)."""
@@ -105,12 +123,19 @@ class CheckpointPlan:
             "autockpt/num_checkpointed": float(len(self.checkpointed)),
             "autockpt/recompute_ms_per_step": self.recompute_seconds * 1e3,
         }
+        if self.selective:
+            out["autockpt/num_selective"] = float(len(self.selective))
         if self.measured_peak_bytes is not None:
             out["autockpt/measured_peak_gb"] = self.measured_peak_bytes / BYTES_PER_GB
         return out
 
     def __str__(self) -> str:
         return format_plan_table(self)
+
+
+def _item_data(item: dict[str, Any]) -> dict[str, Any]:
+    """A saved item's fields, its saved op calls as tuples again (JSON and checkpoints give lists)."""
+    return item | {"saved_ops": tuple((str(op), int(n)) for op, n in item.get("saved_ops", ()))}
 
 
 def format_plan_table(plan: CheckpointPlan) -> str:
@@ -130,6 +155,9 @@ def format_plan_table(plan: CheckpointPlan) -> str:
         "recompute ms" if timed else "recompute GFLOP",
         "decision",
     )
+    if any(item.option for item in plan.items):  # op level: each block's option, its recompute
+        header += ("option", "option ms")
+        rows = [row + _option_cells(item, timed) for row, item in zip(rows, plan.items, strict=True)]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [_fmt_row(header, widths), _fmt_row(tuple("-" * w for w in widths), widths)]
     lines += [_fmt_row(row, widths) for row in rows]
@@ -145,8 +173,18 @@ def _item_row(item: PlanItem, is_checkpointed: bool, timed: bool) -> tuple[str, 
         f"{item.activation_bytes / BYTES_PER_MB:.2f}",
         f"{saved_mb:.2f}",
         cost,
-        "checkpoint" if is_checkpointed else "keep",
+        "selective" if item.selective else "checkpoint" if is_checkpointed else "keep",
     )
+
+
+def _option_cells(item: PlanItem, timed: bool) -> tuple[str, str]:
+    ops = (
+        f" ({len(item.saved_ops)} op{'s' if len(item.saved_ops) != 1 else ''} saved)"
+        if item.saved_ops
+        else ""
+    )
+    seconds = item.option_seconds or 0.0  # a plan priced in FLOPs has no option seconds
+    return f"{item.option}{ops}", f"{seconds * 1e3:.3f}" if timed else "-"
 
 
 def _timed(plan: CheckpointPlan) -> bool:
@@ -169,8 +207,9 @@ def _summary_lines(plan: CheckpointPlan) -> list[str]:
     else:
         flops = sum(item.flops for item in plan.items if item.name in set(plan.checkpointed))
         recompute = f"+{flops / 1e9:.3f} GFLOP recompute per step; no recompute times were measured"
+    selective = f", {len(plan.selective)} of them selective" if plan.selective else ""
     lines = [
-        f"checkpointed {len(plan.checkpointed)} of {len(plan.items)} modules ({recompute})",
+        f"checkpointed {len(plan.checkpointed)} of {len(plan.items)} modules{selective} ({recompute})",
         f"budget {plan.budget_bytes / BYTES_PER_GB:.4f} GB | static {plan.static_bytes / BYTES_PER_GB:.4f} GB"
         f" | predicted peak {plan.predicted_peak_bytes / BYTES_PER_GB:.4f} GB | measured peak {measured}",
         f"solver {plan.solver_method} in {plan.solver_seconds * 1e3:.2f} ms",

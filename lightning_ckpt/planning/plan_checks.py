@@ -62,6 +62,18 @@ def _notes(x: object) -> bool:
     return isinstance(x, (list, tuple)) and all(isinstance(note, str) for note in x)
 
 
+def _op_calls(x: object) -> bool:
+    return isinstance(x, (list, tuple)) and all(
+        isinstance(call, (list, tuple))
+        and len(call) == 2
+        and isinstance(call[0], str)
+        and bool(call[0])
+        and _is_int(call[1])
+        and call[1] >= 0
+        for call in x
+    )
+
+
 _BYTES = (_in_range(0, MAX_BYTES), f"an integer number of bytes from 0 to {MAX_BYTES:.0e}")
 _SECONDS = (_seconds, f"a finite number of seconds from 0 to {MAX_SECONDS:g}")
 _NAME = (lambda x: isinstance(x, str) and bool(x), "a non-empty string")
@@ -74,9 +86,12 @@ ITEM_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "recompute_seconds": _SECONDS,
     "flops": (_in_range(0, MAX_FLOPS), f"an integer number of FLOPs from 0 to {MAX_FLOPS:.0e}"),
     "keep_bytes": _BYTES,
+    "option": (lambda x: isinstance(x, str), "a string (the option's name; empty at block level)"),
+    "saved_ops": (_op_calls, "a list of [op name, occurrence >= 0] pairs"),
+    "option_seconds": (lambda x: x is None or _seconds(x), "None or " + _SECONDS[1]),
 }
 """Per field of a saved `PlanItem`: the check, and what it allows (for the message)."""
-ITEM_OPTIONAL = frozenset({"flops", "keep_bytes"})
+ITEM_OPTIONAL = frozenset({"flops", "keep_bytes", "option", "saved_ops", "option_seconds"})
 
 PLAN_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "checkpointed": _NAMES,
@@ -144,6 +159,7 @@ def _consistency_problems(plan: dict[str, Any]) -> list[str]:
         problems.append(
             f"a saved plan's `predicted_peak_bytes` ({predicted}) must be at least its `static_bytes` ({static})"
         )
+    problems += _option_problems(plan)
     problems += _measured_problems(plan)
     if not problems:
         problems += _recompute_problems(plan)
@@ -182,9 +198,36 @@ def _measured_problems(plan: dict[str, Any]) -> list[str]:
     return []
 
 
+def _option_problems(plan: dict[str, Any]) -> list[str]:
+    """An op-level item's option agrees with the plan's lists: keep is kept; checkpoint and a selective
+    option (one that saves op calls) are checkpointed; a selective option saves at least one call."""
+    checkpointed = set(plan["checkpointed"])
+    for item in plan["items"]:
+        option, saved = item.get("option", ""), item.get("saved_ops", ())
+        if not option and not saved:
+            continue
+        in_checkpointed = item["name"] in checkpointed
+        if (option == "keep") == in_checkpointed or (option == "keep" and saved):
+            return [
+                f"a saved plan's item {item['name']!r} has option {option!r} but is"
+                f" {'checkpointed' if in_checkpointed else 'kept'}"
+            ]
+        if option not in ("keep", "checkpoint") and not saved:
+            return [
+                f"a saved plan's item {item['name']!r} has the selective option {option!r} but no `saved_ops`"
+            ]
+    return []
+
+
+def _item_seconds(item: dict[str, Any]) -> float:
+    """What a checkpointed item recomputes: its option's time in an op-level plan, else its forward's."""
+    seconds = item.get("option_seconds")
+    return item["recompute_seconds"] if seconds is None else seconds
+
+
 def _recompute_problems(plan: dict[str, Any]) -> list[str]:
     checkpointed = set(plan["checkpointed"])
-    total = sum(item["recompute_seconds"] for item in plan["items"] if item["name"] in checkpointed)
+    total = sum(_item_seconds(item) for item in plan["items"] if item["name"] in checkpointed)
     if not math.isclose(plan["recompute_seconds"], total, rel_tol=1e-9, abs_tol=1e-12):
         return [
             f"a saved plan's `recompute_seconds` ({plan['recompute_seconds']!r}) must be the sum over its"

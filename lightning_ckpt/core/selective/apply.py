@@ -56,6 +56,11 @@ class _SelectiveCheckpoint(wrapping._Checkpoint):
         self.pending: list[Any] = []  # the recomputation modes of the replays under way
         self.entered: list[Any] = []  # those entered by `start`, left by `finish`
 
+    def fresh(self) -> _SelectiveCheckpoint:
+        """A new state under the same policy (what :func:`~lightning_ckpt.core.wrapping.checkpointing_removed`
+        puts back)."""
+        return _SelectiveCheckpoint(self.name, self.policy)
+
     def replay_started(self) -> None:
         """Enter the recomputation's mode of the replay under way (left by :meth:`finish`)."""
         if self.pending and len(self.entered) < len(self.pending):

@@ -30,6 +30,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
 from lightning_ckpt._compat import FakeTensor, TorchDispatchMode, tree_leaves
+from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.storage import storage_key, storages_of
 
 __all__ = ["OpCall", "record_ops"]
@@ -129,9 +130,10 @@ def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
 class _Recorder(TorchDispatchMode):
     """Records every op call of one forward: its new storages, the ones it writes into, its time."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], *, track: bool = True) -> None:
         super().__init__()
         self.clock = clock
+        self.track = track
         self.calls: list[dict[str, Any]] = []
         self.keep_alive: list[torch.UntypedStorage] = []  # storage keys stay unique while recording
         self._counts: dict[Any, int] = defaultdict(int)
@@ -143,6 +145,11 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in SAC_IGNORED_OPS:
             return func(*args, **kwargs)
+        if not self.track:  # timing only
+            start = self.clock()
+            out = func(*args, **kwargs)
+            self.calls.append(dict(func=func, seconds=self.clock() - start))
+            return out
         inputs = {storage_key(s) for t in tree_leaves((args, kwargs)) for s in storages_of(t)}
         fake = any(isinstance(t, FakeTensor) for t in tree_leaves((args, kwargs)))
         rng_before = _rng_states() if _is_random(func) and not fake else None
@@ -182,22 +189,27 @@ class _Recorder(TorchDispatchMode):
 
 
 def _record_once(
-    block: nn.Module, args: Sequence[Any], clock: Callable[[], float]
+    block: nn.Module, args: Sequence[Any], clock: Callable[[], float], *, track: bool = True
 ) -> tuple[_Recorder, set[int]]:
-    """One forward under the recorder; returns it and the storage keys autograd packed for backward.
+    """One forward under the recorder; returns it and the storage keys autograd packed for backward
+    (``track=False``: the calls and their times only, no storage kept alive).
 
     ``recorder.reached`` is how many calls had run when autograd packed its last tensor (an input is
     packed before its op runs, an output after): a recomputation runs those and stops (torch's early stop).
     """
     packed: set[int] = set()
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def pack(tensor: torch.Tensor) -> None:
         packed.update(storage_key(s) for s in storages_of(tensor))
         recorder.reached = len(recorder.calls)
-        return tensor
+        # nothing is kept: no backward runs, and a saved output handed back as itself would tie its
+        # node to itself (a cycle outside Python's collector: the run's saved tensors would never free)
 
-    recorder = _Recorder(clock)
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    def unpack(_: None) -> torch.Tensor:
+        raise RuntimeError("record_ops keeps no saved tensors: its forwards have no backward")
+
+    recorder = _Recorder(clock, track=track)
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         with recorder:
             out = block(*args)
     recorder.output_keys = {storage_key(s) for t in tree_leaves(out) for s in storages_of(t)}
@@ -209,8 +221,9 @@ def record_ops(
 ) -> list[OpCall]:
     """The op calls of ``block(*args)``'s forward, in order, with their bytes, FLOPs and median time.
 
-    The forward runs ``repeats + 1`` times with gradients enabled (as a recomputation runs); the first
-    run warms up and gives the sizes, the others the times. It consumes random numbers (dropout); the
+    The forward runs once on a fake twin of the block (the sizes: nothing allocated; on fake tensors
+    already, on them), then ``repeats + 1`` times for real with gradients enabled (as a recomputation
+    runs): a warm-up, then the times, no storage kept past its run. It consumes random numbers (dropout); the
     caller restores the RNG state if that matters.
 
     Args:
@@ -225,19 +238,34 @@ def record_ops(
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
-    first, packed = _record_once(block, args, clock)
+    if _on_fake(block, args):
+        first, packed = _record_once(block, args, clock)
+    else:
+        with fake_model(block) as fake:  # the sizes on a fake twin: nothing allocated
+            first, packed = _record_once(block, fake.fake(args), clock)
+        _record_once(block, args, clock, track=False)  # warm-up
+    for call in first.calls:  # sizes only: the first run's storages are freed before the timed runs
+        call["storages"] = {key: storage.nbytes() for key, storage in call["storages"].items()}
+    first.keep_alive.clear()
+    funcs = [c["func"] for c in first.calls]
     times = [[] for _ in first.calls]
     for _ in range(repeats):
-        run, _ = _record_once(block, args, clock)
-        if [c["func"] for c in run.calls] != [c["func"] for c in first.calls]:
+        run = _record_once(block, args, clock, track=False)[0]
+        if [c["func"] for c in run.calls] != funcs:
             raise RuntimeError(f"{type(block).__name__}'s forward called other ops on a second run")
         for column, call in zip(times, run.calls, strict=True):
             column.append(call["seconds"])
+        del run  # one run's storages alive at a time
     medians = [statistics.median(column) for column in times]
     return [
         _op_call(call, packed, first.output_keys, s, position < first.reached)
         for position, (call, s) in enumerate(zip(first.calls, medians, strict=True))
     ]
+
+
+def _on_fake(block: nn.Module, args: Sequence[Any]) -> bool:
+    tensors = [*block.parameters(), *block.buffers(), *tree_leaves(args)]
+    return any(isinstance(t, FakeTensor) for t in tensors)
 
 
 def _op_call(
@@ -249,8 +277,8 @@ def _op_call(
         recomputed=recomputed,
         func=call["func"],
         index=call["index"],
-        output_bytes=sum(s.nbytes() for s in storages.values()),
-        saved_bytes=sum(s.nbytes() for key, s in storages.items() if key in packed),
+        output_bytes=sum(storages.values()),
+        saved_bytes=sum(nbytes for key, nbytes in storages.items() if key in packed),
         flops=call["flops"],
         seconds=seconds,
         random=call["random"],

@@ -39,6 +39,7 @@ __all__ = [
     "block_options",
     "named_options",
     "profile_block",
+    "ratio_prefixes",
     "selective_option",
 ]
 
@@ -183,7 +184,7 @@ def named_options(profile: BlockOpProfile) -> dict[str, BlockOption]:
     return options
 
 
-def _ratio_prefixes(profile: BlockOpProfile, limit: int) -> list[BlockOption]:
+def ratio_prefixes(profile: BlockOpProfile, limit: int) -> list[BlockOption]:
     """Prefixes of the savable calls sorted by recompute seconds per saved byte, at most ``limit``."""
     ranked = sorted(
         (c for c in profile.calls if c.savable), key=lambda c: c.seconds / c.output_bytes, reverse=True
@@ -205,7 +206,7 @@ def block_options(profile: BlockOpProfile, *, max_prefixes: int = 8) -> list[Blo
     """
     if not isinstance(max_prefixes, int) or max_prefixes < 1:
         raise ValueError(f"`max_prefixes` must be a positive integer, got {max_prefixes!r}")
-    candidates = [*named_options(profile).values(), *_ratio_prefixes(profile, max_prefixes)]
+    candidates = [*named_options(profile).values(), *ratio_prefixes(profile, max_prefixes)]
     candidates.sort(key=lambda o: (o.saved_bytes, o.recompute_seconds, o.kind != "keep"))
     frontier: list[BlockOption] = []
     for option in candidates:  # fewest bytes first: keep one only if it recomputes less than all before

@@ -1,0 +1,179 @@
+"""What each option of one block costs in a step: bytes held to its backward, the transient of its
+backward, and its share of the block's recompute (issue 24, item 1).
+
+:func:`option_costs` takes a block's options (keep, the named rules, the prefixes of its savable calls by
+measured seconds per byte, full checkpoint: :mod:`~lightning_ckpt.core.selective.options`; not pruned
+by time, since a plan may be priced in FLOPs) and runs each option once forward and backward on a fake twin of the block (nothing allocated),
+counting live storages (:class:`~lightning_ckpt.core.storage.LiveStorageTracker`, as the memory meter
+counts them):
+
+- ``held_bytes``: the storages the forward leaves alive beyond its output (autograd's saved tensors when
+  kept, a selective checkpoint's cache, nothing but the inputs for a full checkpoint);
+- ``transient_bytes``: how much higher the block's own backward peaks, counted from before its forward,
+  than the kept block's (a recomputation's outputs and temporaries beside what it held): what the option
+  adds at that point of the step's peak on top of the kept block's point (0 for keep; at least 0).
+
+Times are shares of the block's forward, so the step's own measured recompute time of each block scales
+them; eager SAC's measured overhead is kept apart (seconds per call).
+
+Example:
+    >>> import torch
+    >>> from examples.gpt import Block, GPTConfig
+    >>> from lightning_ckpt.core.selective.options import profile_block
+    >>> block, x = Block(GPTConfig(n_embd=32, n_head=2)), torch.randn(2, 16, 32, requires_grad=True)
+    >>> costs = option_costs(block, (x,), profile_block(block, x, repeats=1))
+    >>> costs[0].name, costs[0].transient_bytes, costs[-1].name, costs[-1].held_bytes
+    ('keep', 0, 'checkpoint', 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from lightning_ckpt._compat import tree_leaves
+from lightning_ckpt.core.fake_tensors import fake_model
+from lightning_ckpt.core.selective.options import (
+    BlockOpProfile,
+    BlockOption,
+    named_options,
+    ratio_prefixes,
+)
+from lightning_ckpt.core.selective.policy import SelectivePolicy
+from lightning_ckpt.core.storage import LiveStorageTracker, unique_storage_bytes
+
+__all__ = ["OptionCost", "option_costs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionCost:
+    """One option of a block, measured.
+
+    Attributes:
+        name: ``"keep"``, ``"checkpoint"`` or the rule that chose the saved calls.
+        kind: ``"keep"``, ``"checkpoint"`` or ``"selective"``.
+        held_bytes: bytes held from the block's forward to its backward beyond its inputs and output.
+        transient_bytes: what its backward's peak adds over the kept block's backward peak (>= 0).
+        recompute_share: the part of the block's forward its backward runs again (0 to 1).
+        overhead_seconds: eager SAC's own measured cost per call (0 for keep and full checkpoint).
+        recompute_flops: FLOPs recomputed in backward.
+        policy: the selective policy (None for keep and full checkpoint).
+        output_bytes: the block's output (a selective recomputation made it again in the measured
+            steps, beyond a full checkpoint's transient: the planner adds it at the block's backward).
+        forward_extra_bytes: how much higher its forward peaks than a fully checkpointed forward's
+            (its cache grows beside the forward's temporaries; 0 for keep and checkpoint).
+    """
+
+    name: str
+    kind: Literal["keep", "checkpoint", "selective"]
+    held_bytes: int
+    transient_bytes: int
+    recompute_share: float
+    overhead_seconds: float
+    recompute_flops: int
+    policy: SelectivePolicy | None = None
+    output_bytes: int = 0
+    forward_extra_bytes: int = 0
+
+    def recompute_seconds(self, forward_seconds: float) -> float:
+        """Backward's extra time for a block whose forward takes ``forward_seconds``."""
+        return self.recompute_share * forward_seconds + self.overhead_seconds
+
+    @property
+    def saved_ops(self) -> tuple[tuple[str, int], ...]:
+        """The saved op calls, sorted (empty for keep and full checkpoint)."""
+        return tuple(sorted(self.policy.saved)) if self.policy else ()
+
+
+def option_costs(
+    block: nn.Module, args: Sequence[Any], profile: BlockOpProfile, *, max_prefixes: int = 4
+) -> list[OptionCost]:
+    """Each option of the block with its measured bytes, keep first, full checkpoint last.
+
+    Args:
+        block: the module (real tensors; random numbers are consumed, parameter gradients untouched).
+        args: its positional inputs (floating tensors should require gradients, as in training).
+        profile: the block's :func:`~lightning_ckpt.core.selective.options.profile_block` record.
+        max_prefixes: ratio-sorted prefixes to try besides the named rules.
+    """
+    options = _candidates(profile, max_prefixes)
+    with fake_model(block) as fake:  # on a fake twin: nothing allocated
+        fake_args = fake.fake(tuple(args))
+        measured = {option.name: _memory(block, fake_args, option) for option in options}
+    keep_peak = sum(measured["keep"][:2])
+    full_forward = measured["checkpoint"][3]
+    costs = [_cost(option, profile, *measured[option.name][:3], keep_peak) for option in options]
+    return [
+        dataclasses.replace(c, forward_extra_bytes=max(0, measured[c.name][3] - full_forward))
+        if c.kind == "selective"
+        else c
+        for c in costs
+    ]
+
+
+def _candidates(profile: BlockOpProfile, max_prefixes: int) -> list[BlockOption]:
+    """Keep, the named rules, the ratio prefixes and full checkpoint, one per distinct saved set, not
+    pruned by time (the planner prunes by its own cost, seconds or FLOPs)."""
+    if not isinstance(max_prefixes, int) or max_prefixes < 1:
+        raise ValueError(f"`max_prefixes` must be a positive integer, got {max_prefixes!r}")
+    named = named_options(profile)
+    options = [named["keep"], *(o for o in named.values() if o.kind == "selective")]
+    options += [*ratio_prefixes(profile, max_prefixes), named["checkpoint"]]
+    distinct: dict[Any, BlockOption] = {}
+    for option in options:
+        distinct.setdefault(option.policy.saved if option.policy else option.kind, option)
+    return list(distinct.values())
+
+
+def _cost(
+    option: BlockOption, profile: BlockOpProfile, held: int, peak: int, output: int, keep_peak: int
+) -> OptionCost:
+    """``held`` and ``peak`` as :func:`_memory` gives them; ``keep_peak``: the kept block's backward peak
+    counted from before its forward (its held bytes and its backward's rise)."""
+    overhead = profile.sac_overhead_seconds if option.kind == "selective" else 0.0
+    forward = profile.forward_seconds
+    share = 0.0 if option.kind == "keep" else 1.0
+    if option.kind == "selective":
+        share = min(1.0, max(0.0, (option.recompute_seconds - overhead) / forward)) if forward > 0 else 1.0
+    return OptionCost(
+        name=option.name,
+        kind=option.kind,
+        held_bytes=0 if option.kind == "checkpoint" else held,
+        transient_bytes=max(0, held + peak - keep_peak),
+        recompute_share=share,
+        overhead_seconds=overhead,
+        recompute_flops=option.recompute_flops,
+        policy=option.policy,
+        output_bytes=output,
+    )
+
+
+def _run(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> Any:
+    if option.kind == "keep":
+        return block(*args)
+    context = {} if option.policy is None else {"context_fn": option.policy.context_fn}
+    return checkpoint(block, *args, use_reentrant=False, **context)
+
+
+def _memory(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> tuple[int, int, int, int]:
+    """(bytes held after the forward beyond its output, the backward's peak above its start, the
+    output's bytes, the forward's peak)."""
+    inputs = [t for t in (*block.parameters(), *tree_leaves(args)) if isinstance(t, torch.Tensor)]
+    inputs = [t for t in inputs if t.requires_grad]
+    with torch.enable_grad(), LiveStorageTracker() as tracker:
+        out = _run(block, args, option)
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        forward_peak = tracker.peak_bytes
+        output = unique_storage_bytes(tree_leaves(out))
+        held = tracker.live_bytes - output
+        grads = [torch.ones_like(t) for t in outputs]
+        start = tracker.peak_bytes = tracker.live_bytes
+        results = torch.autograd.grad(outputs, inputs, grads, allow_unused=True)
+        peak = tracker.peak_bytes - start
+        del results, grads, out, outputs
+    return held, peak, output, forward_peak

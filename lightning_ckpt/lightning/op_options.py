@@ -1,0 +1,109 @@
+"""Each candidate's op-level options inside a fit (``granularity="op"``, issue 24 item 1).
+
+The candidates' inputs are caught in one more forward of the training step under ``torch.no_grad()``
+(nothing kept for backward), one input per distinct block: the same class, parameter shapes and input
+shapes give the same op calls and bytes, so the blocks of a decoder are measured once. Each distinct
+block is then measured alone on real tensors (:func:`~lightning_ckpt.core.selective.costs.option_costs`):
+one block's forward and backward, within any budget the step fits at all (the fixed peak holds a
+checkpointed block's whole recomputation). Times are shares of the block's forward (the step's own
+recompute time of each block scales them) plus eager SAC's overhead, measured. Gradients, buffers and
+RNG streams are restored afterwards, as for the step's profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn as nn
+
+from lightning_ckpt._compat import tree_leaves
+from lightning_ckpt.core.names import resolve_modules
+from lightning_ckpt.core.selective.costs import OptionCost, option_costs
+from lightning_ckpt.core.selective.options import profile_block
+from lightning_ckpt.core.wrapping import checkpointing_removed
+from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
+
+__all__ = ["options_in_fit"]
+
+
+class _Called(nn.Module):
+    """``block`` called with fixed keyword arguments (a policy's op counts see only its own ops)."""
+
+    def __init__(self, block: nn.Module, kwargs: dict[str, Any]) -> None:
+        super().__init__()
+        self.block, self.kwargs = block, kwargs
+
+    def forward(self, *args: Any) -> Any:
+        return self.block(*args, **self.kwargs)
+
+
+def _signature(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+    """What makes two blocks' op records the same: class, parameter shapes, input shapes and dtypes."""
+    params = tuple((tuple(p.shape), p.dtype) for p in module.parameters())
+    leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    return type(module), params, tuple((tuple(t.shape), t.dtype) for t in leaves)
+
+
+def _caught_inputs(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, candidates: Sequence[str]
+) -> tuple[dict[str, tuple], dict[tuple, tuple[str, tuple, dict]]]:
+    """Each candidate's signature, and one candidate per signature with its (detached) inputs."""
+    modules = resolve_modules(pl_module, list(candidates), argument="candidates")
+    signatures: dict[str, tuple] = {}
+    first: dict[tuple, tuple[str, tuple, dict]] = {}
+
+    def catch(name: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if name in signatures:
+            return
+        signature = signatures[name] = _signature(module, args, kwargs)
+        if signature not in first:
+            detach = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
+            first[signature] = (name, *torch.utils._pytree.tree_map(detach, (args, kwargs)))
+
+    handles = [
+        module.register_forward_pre_hook(lambda m, a, k, n=name: catch(n, m, a, k), with_kwargs=True)
+        for name, module in modules.items()
+    ]
+    try:
+        with torch.no_grad():
+            training_loss_fn(trainer, pl_module, batch, batch_idx)()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return signatures, first
+
+
+def options_in_fit(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, candidates: Sequence[str]
+) -> dict[str, list[OptionCost]]:
+    """Candidate name -> its measured options (keep first, full checkpoint last); candidates the step
+    did not call are left out (the planner gives them keep and checkpoint only)."""
+    modules = resolve_modules(pl_module, list(candidates), argument="candidates")
+    with (
+        checkpointing_removed(pl_module),
+        untouched_training_state(pl_module),
+        no_gradient_sync(trainer),
+    ):
+        signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, candidates)
+        measured = {
+            signature: _measured(trainer, modules[name], args, kwargs)
+            for signature, (name, args, kwargs) in first.items()
+        }
+    return {name: measured[signature] for name, signature in signatures.items()}
+
+
+def _measured(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> list[OptionCost]:
+    """One block's options, its floating inputs requiring gradients as in training, under the step's
+    precision context."""
+    args = tuple(
+        a.requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+    )
+    called = _Called(block, kwargs) if kwargs else block
+    context = getattr(trainer.precision_plugin, "train_step_context", contextlib.nullcontext)
+    with context():
+        profile = profile_block(called, *args, repeats=3)
+        return option_costs(called, args, profile)

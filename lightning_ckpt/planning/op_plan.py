@@ -1,0 +1,203 @@
+"""From a step profile, each candidate's measured options and a budget to an op-level `CheckpointPlan`.
+
+Each candidate gets keep (the block-level weight, no recompute), full checkpoint (the block-level skip
+point, its whole recompute) and the selective options measured on it
+(:func:`~lightning_ckpt.core.selective.costs.option_costs`): what each holds to its backward, its
+backward's transient and its recompute, the step's own recompute time of the block scaling the option's
+share, plus eager SAC's measured overhead. :func:`~lightning_ckpt.planning.choices.solve_options`
+chooses one per candidate exactly; the plan's items carry each option's name and saved op calls. When
+the step's points are not nested (no prefix form) the plan is the block-level one, with a note.
+
+Example:
+    >>> from lightning_ckpt.core.profile_types import ModuleProfile, StaticMemory, StepProfile
+    >>> sizes = {"a": (30, 0.1), "b": (60, 0.3), "c": (20, 0.2)}  # activation bytes, recompute s
+    >>> modules = tuple(ModuleProfile(name, size, 10, s, 0) for name, (size, s) in sizes.items())
+    >>> profile = StepProfile(modules, StaticMemory("cpu", 100, 0, 0, 0), 5, 2)
+    >>> plan = make_op_plan(profile, {}, 200)  # a hand-made profile's points are not nested
+    >>> plan.checkpointed, plan.predicted_peak_bytes, plan.notes
+    (('a', 'b'), 197, ('op level: the peak points are not nested; planned by block',))
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lightning_ckpt.config import AutoCheckpointConfig
+from lightning_ckpt.core.profile_types import Cost, ModuleProfile, StepProfile
+from lightning_ckpt.planning.choices import Option, Solve, choice_peak_bytes, solve_options
+from lightning_ckpt.planning.errors import BudgetTooSmallError
+from lightning_ckpt.planning.make import make_plan
+from lightning_ckpt.planning.nested import PrefixForm, prefix_form
+from lightning_ckpt.planning.peak import PeakModel
+from lightning_ckpt.planning.plan import CheckpointPlan, PlanItem
+
+__all__ = ["candidate_options", "make_op_plan"]
+
+_DEFAULT_CONFIG = AutoCheckpointConfig(budget_gb=1.0, granularity="op")
+
+
+def candidate_options(
+    module: ModuleProfile, weight_bytes: int, measured: Sequence[Any], cost: Cost
+) -> list[Option]:
+    """Keep, full checkpoint and the measured selective options of one candidate.
+
+    Args:
+        module: the candidate's profile (its recompute seconds or FLOPs price the options).
+        weight_bytes: what keeping it holds in the peak's prefix form.
+        measured: its :class:`~lightning_ckpt.core.selective.costs.OptionCost` list (may be empty);
+            keep's measured bytes, when below ``weight_bytes``, raise every selective option's by the
+            difference (what the step holds that the block alone did not).
+        cost: ``"time"`` or ``"flops"``.
+    """
+    full = float(module.recompute_seconds if cost == "time" else module.flops)
+    options = [
+        Option("keep", "keep", int(weight_bytes), 0, 0.0),
+        Option("checkpoint", "checkpoint", 0, 0, full),
+    ]
+    keep_measured = next((c.held_bytes for c in measured if c.kind == "keep"), weight_bytes)
+    extra = max(0, int(weight_bytes) - int(keep_measured))
+    for c in measured:
+        if c.kind != "selective":
+            continue
+        price = c.recompute_seconds(module.recompute_seconds) if cost == "time" else float(c.recompute_flops)
+        options.append(
+            Option(
+                c.name,
+                "selective",
+                c.held_bytes + extra,
+                c.transient_bytes,
+                price,
+                c.saved_ops,
+                max(getattr(c, "output_bytes", 0), getattr(c, "forward_extra_bytes", 0)),
+            )
+        )
+    return _undominated(options)
+
+
+def _undominated(options: list[Option]) -> list[Option]:
+    """Keep and checkpoint, and the selective options no other option beats on held bytes, transient and
+    cost at once (the solver would never take those)."""
+
+    def beaten(o: Option) -> bool:
+        return any(
+            p is not o
+            and p.held_bytes <= o.held_bytes
+            and p.transient_bytes <= o.transient_bytes
+            and p.cost <= o.cost
+            and (p.held_bytes, p.transient_bytes, p.cost) != (o.held_bytes, o.transient_bytes, o.cost)
+            for p in options
+        )
+
+    return [o for o in options if o.kind != "selective" or not beaten(o)]
+
+
+def make_op_plan(
+    profile: StepProfile,
+    measured: Mapping[str, Sequence[Any]],
+    budget_bytes: int,
+    config: AutoCheckpointConfig | None = None,
+    *,
+    notes: Sequence[str] = (),
+    solve: Solve | None = None,
+) -> CheckpointPlan:
+    """The op-level plan of least recompute whose predicted peak fits ``budget_bytes``.
+
+    Args:
+        profile: the step's profile.
+        measured: candidate name -> its measured options (candidates left out get keep and checkpoint).
+        budget_bytes: the budget to plan for.
+        config: cost, quantum, solver method and workers.
+        notes: lines added to the plan's report.
+        solve: the multiple-choice solver (default ``lightning_ckpt.solver.solve_choices``).
+
+    Raises:
+        BudgetTooSmallError: if even checkpointing every candidate does not fit.
+    """
+    config = config or _DEFAULT_CONFIG
+    peak = PeakModel(profile)
+    form = prefix_form(peak.points, peak.matrix)
+    if form is None:
+        note = "op level: the peak points are not nested; planned by block"
+        return make_plan(profile, budget_bytes, config, notes=(*notes, note), peak=peak)
+    names = [m.name for m in profile.modules]
+    fixed_bytes = peak.peak_bytes(names)
+    if fixed_bytes > budget_bytes:
+        raise BudgetTooSmallError(budget_bytes, fixed_bytes, len(names))
+    options = _options(profile, form, measured, config.cost)
+    start = time.perf_counter()
+    everything = [0] * len(options)  # keep is option 0 of every candidate
+    if choice_peak_bytes(form, options, everything) <= budget_bytes:
+        choice, method = everything, "all-fit"
+    else:
+        choice, method = solve_options(
+            form,
+            options,
+            int(budget_bytes),
+            quantum_bytes=config.quantum_bytes,
+            method=config.solver,
+            workers=config.workers,
+            solve=solve,
+        )
+    solver_seconds = time.perf_counter() - start
+    timed = config.cost == "time"
+    return _plan(profile, form, options, choice, int(budget_bytes), method, solver_seconds, notes, timed)
+
+
+def _options(
+    profile: StepProfile, form: PrefixForm, measured: Mapping[str, Sequence[Any]], cost: Cost
+) -> list[list[Option]]:
+    weight = dict(zip(form.order, form.weight_bytes, strict=True))
+    return [
+        candidate_options(m, weight.get(i, 0), measured.get(m.name, ()), cost)
+        for i, m in enumerate(profile.modules)
+    ]
+
+
+def _plan(
+    profile: StepProfile,
+    form: PrefixForm,
+    options: list[list[Option]],
+    choice: list[int],
+    budget_bytes: int,
+    method: str,
+    solver_seconds: float,
+    notes: Sequence[str],
+    timed: bool,
+) -> CheckpointPlan:
+    chosen = [options[i][j] for i, j in enumerate(choice)]
+    items = tuple(
+        _item(m, group, option, timed)
+        for m, group, option in zip(profile.modules, options, chosen, strict=True)
+    )
+    predicted = choice_peak_bytes(form, options, choice)
+    if predicted > budget_bytes:  # cannot happen by the solve's contract; never hand it out
+        raise AssertionError(f"plan predicted at {predicted} bytes is over the budget {budget_bytes}")
+    return CheckpointPlan(
+        checkpointed=tuple(item.name for item in items if item.option != "keep"),
+        kept=tuple(item.name for item in items if item.option == "keep"),
+        items=items,
+        static_bytes=int(profile.static_bytes),
+        budget_bytes=budget_bytes,
+        predicted_peak_bytes=predicted,
+        recompute_seconds=float(sum(item.option_seconds for item in items if item.option != "keep")),
+        solver_method=method,
+        solver_seconds=solver_seconds,
+        notes=tuple(str(note) for note in notes),
+    )
+
+
+def _item(module: ModuleProfile, group: list[Option], option: Option, timed: bool) -> PlanItem:
+    seconds = option.cost if timed else 0.0  # a plan priced in FLOPs has no option seconds
+    return PlanItem(
+        name=module.name,
+        activation_bytes=int(module.activation_bytes),
+        input_bytes=int(module.input_bytes),
+        recompute_seconds=float(module.recompute_seconds),
+        flops=int(module.flops),
+        keep_bytes=int(group[0].held_bytes),
+        option=option.name,
+        saved_ops=tuple(option.saved_ops),
+        option_seconds=float(seconds),
+    )
