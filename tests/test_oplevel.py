@@ -136,17 +136,18 @@ def test_op_level_plans_are_predicted_within_two_percent(gpt_form):
     assert selective_seen, "FLOP-priced plans should choose some selective options"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="block-level peak model: h.1 and h.3 checkpointed, 16164 B (0.77%) low"
-)
 def test_a_cap_equal_to_the_budget_holds_when_the_last_block_is_kept_between_checkpoints(gpt_form):
-    """Not op level: the block-level plan (cost flops) at the predicted peak of checkpointing h.1 and h.3
-    goes over a cap equal to the budget at the loss (found while testing op-level plans; reported)."""
+    """The block-level plan (cost flops) at the predicted peak of checkpointing h.1 and h.3 (h.2 kept
+    between them) fits a cap equal to the budget. The data set is made before the cap: on a device only
+    the batch is there (the data set's 16 KiB inside the cap made this case look 0.77% under-predicted)."""
     profile, peak, _ = gpt_form
-    budget = exact_budget(peak.peak_bytes(["transformer.h.1", "transformer.h.3"]))
-    model, callback = tiny_gpt(), AutoCheckpoint(budget_gb=budget / 1e9, cost="flops")
-    with memory_cap(budget, model=model):
-        fast_trainer([callback], max_steps=3).fit(model, train_dataloaders=token_loader())
+    checkpointed = ("transformer.h.1", "transformer.h.3")
+    budget = exact_budget(peak.peak_bytes(checkpointed))
+    model, callback, data = tiny_gpt(), AutoCheckpoint(budget_gb=budget / 1e9, cost="flops"), token_loader()
+    with memory_cap(budget, model=model) as cap:
+        fast_trainer([callback], max_steps=3).fit(model, train_dataloaders=data)
+    assert callback.plan.checkpointed == checkpointed
+    assert cap.peak_bytes <= callback.plan.predicted_peak_bytes <= budget
 
 
 class PolicySpy(Callback):
