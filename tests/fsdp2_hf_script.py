@@ -119,11 +119,12 @@ def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
     L.seed_everything(0, verbose=False)
     trainer = trainer_for([losses] + ([callback] if callback else []))
     rank, live = trainer.global_rank, model()
+    batches = loader()  # made before the cap: on a device only the batch is there
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with memory_cap(budget_bytes or 10**12, model=live) as cap:
-                trainer.fit(live, train_dataloaders=loader())
+                trainer.fit(live, train_dataloaders=batches)
         except torch.OutOfMemoryError as error:
             (out_dir / f"{name}_oom{rank}.txt").write_text(f"step {trainer.global_step}: {error}")
             raise

@@ -110,12 +110,13 @@ def fit(
     L.seed_everything(0, verbose=False)
     trainer = trainer_for(callbacks + [checkpoints] * saving, enable_checkpointing=saving)
     rank, live = trainer.global_rank, rank_model
+    loader = rank_loader(rank)  # made before the cap: on a device only the batch is there
     facts: dict = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with cap:
-                trainer.fit(live, train_dataloaders=rank_loader(rank), ckpt_path=ckpt_path)
+                trainer.fit(live, train_dataloaders=loader, ckpt_path=ckpt_path)
         except torch.OutOfMemoryError as error:
             (out_dir / f"{name}_oom{rank}.txt").write_text(f"step {trainer.global_step}: {error}")
             raise

@@ -113,8 +113,9 @@ def _plain_loop_peak(make_model, profile, checkpointed) -> int:
     model = make_model()
     optimizer = model.configure_optimizers()
     apply_checkpointing(model, checkpointed)
+    batches = token_loader(num_batches=4)  # made before the cap: on a device only the batch is there
     with memory_cap(UNREACHABLE, model=model, optimizer=optimizer) as meter:
-        for batch_idx, batch in enumerate(token_loader(num_batches=4)):
+        for batch_idx, batch in enumerate(batches):
             optimizer.zero_grad(set_to_none=True)
             model.training_step(batch, batch_idx).backward()
             optimizer.step()
