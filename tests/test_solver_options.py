@@ -18,7 +18,7 @@ from lightning_ckpt.solver.runtime import workers as solver_workers
 
 def test_defaults_are_the_measured_values():
     assert dataclasses.asdict(SolverOptions()) == {
-        "parallel_min_solve_cells": 1 << 27,
+        "parallel_min_solve_cells": 1 << 29,
         "parallel_min_task_cells": 1 << 24,
         "leaf_max_cells": 1 << 22,
         "checkpoint_share": 1.0,

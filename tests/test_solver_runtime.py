@@ -298,6 +298,37 @@ def test_idle_cpus_count_the_run_queue_beside_the_looker(monkeypatch, runnable, 
     assert cpus.idle_cpus() == idle and cpus.room_for(2) is room and cpus.room_for(1)
 
 
+# (requested, cells, runnable threads, processes): sizes from the idle 2-CPU table of
+# ``SolverOptions.parallel_min_solve_cells`` (two processes lost at 4e8 cells, won from 5.6e8)
+_DECISIONS = [
+    (1, 10**10, 1, 1),  # one asked for: one
+    (2, 2 * 10**8, 1, 1),  # idle, but small: 0.55-0.59x measured
+    (2, 4 * 10**8, 1, 1),  # idle, 0.89x measured
+    (2, 5_600 * 10**5, 1, 2),  # idle, 1.11x measured
+    (2, 10**9, 1, 2),
+    (2, 10**9, 2, 1),  # one other runnable thread: no idle CPU for the second process
+    (2, 10**9, 9, 1),  # busy (0.28-0.73x measured at load 15)
+]
+
+
+@pytest.mark.parametrize(("requested", "cells", "runnable", "processes"), _DECISIONS)
+def test_processes_for_decides_from_the_size_then_the_idle_cpus(
+    monkeypatch, requested, cells, runnable, processes
+):
+    _cpus_busy(monkeypatch, runnable)
+    min_cells = SolverOptions().parallel_min_solve_cells
+    assert cpus.processes_for(requested, cells, min_cells) == processes
+
+
+def test_processes_for_forced_ignores_size_and_load_and_looks_only_when_large(monkeypatch):
+    _cpus_busy(monkeypatch, 9)
+    assert cpus.processes_for(2, 1, 0) == 2 and cpus.processes_for(1, 1, 0) == 1
+    looks = []
+    monkeypatch.setattr(cpus, "_runnable_threads", lambda: looks.append(1) or 1)
+    assert cpus.processes_for(2, (1 << 29) - 1, 1 << 29) == 1 and not looks  # too small: no look
+    assert cpus.processes_for(2, 1 << 29, 1 << 29) == 2 and looks
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable CPUs for workers=2")
 @pytest.mark.parametrize(("runnable", "min_cells", "used"), [(1, 1, 2), (9, 1, 1), (9, 0, 2)])
 def test_a_parallel_solve_runs_in_one_process_when_the_cpus_are_busy(monkeypatch, runnable, min_cells, used):

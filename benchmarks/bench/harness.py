@@ -21,7 +21,7 @@ from benchmarks.bench.methods import METHODS, TORCH_REFERENCE
 from benchmarks.bench.runner import _Runner
 
 # n, W: above SolverOptions().parallel_min_solve_cells, so that the warm-up starts the solver's workers
-_WARM_UP_LARGE = {"hirschberg-w2": (400, 1_000_000)}
+_WARM_UP_LARGE = {"hirschberg-w2": (600, 1_000_000)}
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,9 @@ from lightning_ckpt.solver.runtime import backend, cpus
 
 __all__ = ["SIZES", "make_instance", "main"]
 
-SIZES = ((200, 100_000), (400, 500_000), (1_000, 1_000_000), (2_000, 2_500_000))
-"""``(items, capacity)`` per row: about 2e7, 2e8, 1e9 and 5e9 DP cells before the reductions."""
+SIZES = ((200, 100_000), (400, 500_000), (500, 800_000), (700, 800_000), (1_000, 1_000_000), (2_000, 2_500_000))
+"""``(items, capacity)`` per row: about 2e7, 2e8, 4e8, 5.6e8, 1e9 and 5e9 DP cells before the
+reductions (4e8 and 5.6e8 lie either side of ``SolverOptions.parallel_min_solve_cells``)."""
 
 FORCED = SolverOptions(parallel_min_solve_cells=0)  # workers on every size: where do they pay?
 SETTINGS = (("workers=1", 1, FORCED), ("workers=2 forced", 2, FORCED), ("workers=2 decided", 2, None))
@@ -81,10 +82,7 @@ def _time_row(n_items: int, capacity: int, repeats: int) -> dict[str, list[float
 
 def _format(rows: list[tuple[int, int, dict[str, list[float]]]]) -> str:
     header = "| items | W | core cells | workers=1 s | workers=2 forced s | ratio | decided s | ratio | decided used |"
-    lines = [
-        header,
-        "|" + "---|" * header.count("|")[:-1] if False else "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for n_items, capacity, t in rows:
         one, forced, decided = (statistics.median(t[name]) for name, _, _ in SETTINGS)
         used = "/".join(str(u) for u in t["used"])

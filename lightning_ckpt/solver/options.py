@@ -44,9 +44,13 @@ _INTEGER_RANGES: dict[str, tuple[int, int | None]] = {
 class SolverOptions:
     """Tunables of ``solve_knapsack``; the answer never depends on them (only time and memory)."""
 
-    parallel_min_solve_cells: int = 1 << 27
-    """Below this many DP cells (core items x (core capacity + 1)) a solve never starts worker
-    processes, whatever ``workers`` says (~134M cells: starting workers costs more below)."""
+    parallel_min_solve_cells: int = 1 << 29
+    """Below this many DP cells (core items x (core capacity + 1); capped: option passes x
+    (capacity + 1)) a solve never starts worker processes, whatever ``workers`` says (~537M cells).
+    Measured on 2 idle CPUs (``python -m benchmarks.bench.workers``, numba), two processes forced
+    against one: 0.49-0.60x at 2e7 cells, 0.55-0.59x at 2e8, 0.89x at 4e8, 1.11x at 5.6e8, 1.21x at
+    8e8, 1.16-1.32x at 1e9, 1.61x at 5e9. Above it ``runtime.cpus.processes_for`` still looks at the
+    idle CPUs (a busy machine solves in one process). ``0`` forces the workers on every solve."""
 
     parallel_min_task_cells: int = 1 << 24
     """A task with fewer cells (~17M, a few ms) stays in the calling process: not worth shipping

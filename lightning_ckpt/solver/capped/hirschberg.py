@@ -43,7 +43,7 @@ from lightning_ckpt.solver.capped import profile
 from lightning_ckpt.solver.capped.groups import Groups
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
-from lightning_ckpt.solver.runtime import pool
+from lightning_ckpt.solver.runtime import cpus, pool
 from lightning_ckpt.solver.runtime.interrupt import new_stop_flag, raise_if_stopped
 from lightning_ckpt.solver.runtime.pool import RangeTask
 
@@ -108,8 +108,9 @@ def solve_dense(
     stop: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int, int]:
     """The best choice of a feasible capped instance (caps clipped to ``capacity``): ``(option index
-    per group, DP cells, processes)``. ``count`` processes (this one included) compute the profiles when the instance has
-    at least ``options.parallel_min_solve_cells`` cells; ``stop`` is checked before every item.
+    per group, DP cells, processes)``. ``count`` processes (this one included) compute the profiles when
+    ``runtime.cpus.processes_for`` says so (at least ``options.parallel_min_solve_cells`` cells, and
+    idle CPUs); ``stop`` is checked before every item.
 
     Raises:
         MemoryError: when the two profiles do not fit in the available memory.
@@ -121,7 +122,8 @@ def solve_dense(
     needed = 8 * floats + 16 * (capacity + 1)  # + the numpy forward pass's two W-sized temporaries
     check_fits(needed, None, f"the capped O(W) solver's profiles (capacity {capacity})", advice)
     solve = lambda executor: _solve_segments(groups, capacity, executor, options)  # noqa: E731
-    if count > 1 and groups.work_items * (capacity + 1) >= options.parallel_min_solve_cells:
+    count = cpus.processes_for(count, groups.work_items * (capacity + 1), options.parallel_min_solve_cells)
+    if count > 1:
         shared = pool.solve_on_workers(weights, values, floats, count, options, stop, solve)
         if shared is not None:
             return *shared, count

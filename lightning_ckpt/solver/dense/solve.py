@@ -11,8 +11,9 @@ common divisor, and no sparse try. What is left, the *core*, goes to Hirschberg'
 (``hirschberg.py``) over value profiles (``profile.py``), in a helper thread that Ctrl-C stops
 (below ``CALLING_THREAD_MAX_CELLS`` = 1M core cells, in this thread, and a core that is one leaf
 straight into its bit table):
-on worker processes sharing one arena when ``workers > 1`` and the core has at least
-``SolverOptions.parallel_min_solve_cells`` cells, else in this process.
+on worker processes sharing one arena when ``runtime.cpus.processes_for`` says so (``workers > 1``,
+the core has at least ``SolverOptions.parallel_min_solve_cells`` cells and the CPUs are idle for
+them), else in this process.
 
 Example:
     >>> answer = solve_uncapped(np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5]), 5, use_lp=False)
@@ -34,7 +35,7 @@ from lightning_ckpt.solver.dense.profile import cell_updates, solve_leaf
 from lightning_ckpt.solver.dense.reduce import Core, reduce_instance
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
-from lightning_ckpt.solver.runtime import interrupt, pool
+from lightning_ckpt.solver.runtime import cpus, interrupt, pool
 from lightning_ckpt.solver.sparse.minknap import solve_minknap
 
 __all__ = [
@@ -133,7 +134,8 @@ def _solve_core(core: Core, workers: int, options: SolverOptions) -> tuple[np.nd
     """
     n, cap = len(core.weights), core.capacity
     cells = n * (cap + 1)
-    parallel = workers > 1 and cells >= options.parallel_min_solve_cells
+    workers = cpus.processes_for(workers, cells, options.parallel_min_solve_cells)
+    parallel = workers > 1
     if (
         not parallel
         and cells < CALLING_THREAD_MAX_CELLS

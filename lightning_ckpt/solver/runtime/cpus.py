@@ -10,18 +10,19 @@ competes with the caller (and with everyone else) and the solve gets slower, not
   (``/proc/loadavg``, the median of a few looks over ``IDLE_PROBE_S``), less the one looking,
   scaled to this process's share of the machine's CPUs;
 - ``room_for(processes)``: whether that many processes (the caller among them) each find a CPU
-  at least ``IDLE_SHARE`` idle now.
-
-A parallel solve asks ``room_for`` once it is large enough for workers
-(``SolverOptions.parallel_min_solve_cells``); without room it runs in the calling process (the
-answer is the same: the solver is exact, and ``SolveStats.workers_used`` says 1). The option at ``0``
-forces the workers on every solve, busy machine or not (tests, benchmarks).
+  at least ``IDLE_SHARE`` idle now;
+- ``processes_for(requested, cells, min_cells)``: the one decision both dense engines take, from
+  the instance and from the CPUs: ``requested`` processes when the solve has at least ``min_cells``
+  DP cells (``SolverOptions.parallel_min_solve_cells``, 2^29: where a second process paid on 2 idle
+  CPUs) and ``room_for`` them, else 1 (the answer is the same: the solver is exact, and
+  ``SolveStats.workers_used`` says 1). ``min_cells=0`` forces the workers on every solve, busy
+  machine or not (tests, benchmarks).
 
 Where ``/proc/loadavg`` is missing (not Linux) the CPUs count as idle: the requested processes run.
 
 Example:
-    >>> room_for(1)
-    True
+    >>> room_for(1), processes_for(2, cells=10**6, min_cells=1 << 29), processes_for(2, 10**6, 0)
+    (True, 1, 2)
     >>> usable_cpus() >= 1 and 0.0 <= idle_cpus() <= usable_cpus()
     True
 """
@@ -34,7 +35,7 @@ import statistics
 import time
 from pathlib import Path
 
-__all__ = ["IDLE_PROBE_S", "IDLE_SHARE", "idle_cpus", "room_for", "usable_cpus"]
+__all__ = ["IDLE_PROBE_S", "IDLE_SHARE", "idle_cpus", "processes_for", "room_for", "usable_cpus"]
 
 IDLE_PROBE_S = 0.004
 """Seconds over which the run queue is looked at (once per solve of at least ``min_cells``)."""
@@ -77,6 +78,17 @@ def room_for(processes: int) -> bool:
     """Whether ``processes`` processes (the caller among them) each find a CPU that no other
     runnable thread wants, now (each at least ``IDLE_SHARE`` idle)."""
     return processes <= 1 or idle_cpus() + (1 - IDLE_SHARE) >= processes
+
+
+def processes_for(requested: int, cells: int, min_cells: int) -> int:
+    """Processes a dense solve of ``cells`` DP cells runs on (this one included): ``requested`` when
+    ``min_cells`` is 0 (forced), or when ``cells >= min_cells`` and ``room_for(requested)``; else 1.
+    The CPUs are looked at only for a solve that is large enough."""
+    if requested <= 1:
+        return 1
+    if min_cells == 0:
+        return requested
+    return requested if cells >= min_cells and room_for(requested) else 1
 
 
 _SAMPLES = 5  # looks at the run queue per probe (median)

@@ -13,8 +13,9 @@ values, arena, stop=None, grouping=...)``. An executor runs a level's tasks and 
   calling process. Results do not depend on which process ran a task (same kernel, same
   arithmetic).
 
-``solve_on_workers`` first asks ``cpus.room_for``: where the CPUs are busy, a second process only
-competes with the caller, so the solve runs in one process (its caller's ``LocalExecutor``).
+Both engines ask ``cpus.processes_for`` before ``solve_on_workers``: where the solve is small or the
+CPUs are busy, a second process only costs or competes, so the solve runs in one process (its
+caller's ``LocalExecutor``).
 
 The shared arena is a ``memfd`` (``os.memfd_create``): anonymous shared memory with no name in
 ``/dev/shm``, handed to each worker as a file descriptor and freed by the kernel when the last
@@ -46,7 +47,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
-from lightning_ckpt.solver.runtime import cpus, workers
+from lightning_ckpt.solver.runtime import workers
 from lightning_ckpt.solver.runtime.guard import WorkerGuard
 from lightning_ckpt.solver.runtime.interrupt import SolveStopped, raise_if_stopped
 
@@ -255,10 +256,8 @@ def solve_on_workers(
     solve: Callable[[PoolExecutor], T],
 ) -> T | None:
     """``solve(executor)`` on ``count`` processes (this one included) sharing an arena of ``n_floats``
-    entries; None where the CPUs are busy (``cpus.room_for``, unless ``options.parallel_min_solve_cells``
-    is 0: forced) or, with one warning, where the shared arena has no room."""
-    if options.parallel_min_solve_cells > 0 and not cpus.room_for(count):
-        return None
+    entries; None, with one warning, where the shared arena has no room. The caller has decided
+    ``count`` (``cpus.processes_for``: the solve's size and the idle CPUs)."""
     arena = shared_arena(n_floats)
     if arena is None:
         return None
