@@ -22,20 +22,16 @@ import sys
 import numpy as np
 
 from lightning_ckpt.solver.capped.groups import Groups, from_options
+from lightning_ckpt.solver.scalars import VALUE_KIND, WEIGHT_KIND, as_integral, as_real
 from lightning_ckpt.solver.validate import (
     CAPPED_METHODS,
     MAX_INTEGER,
     MAX_VALUE_SUM,
     MAX_WEIGHT_SUM,
     MAX_WORKERS,
-    _integral,
-    _real,
 )
 
 __all__ = ["validate_choices"]
-
-_WEIGHT_KIND = "integral numbers in [0, 2**48]"
-_VALUE_KIND = "finite real numbers >= 0"
 
 
 def _sequence(name: str, seq: object, what: str) -> list:
@@ -79,7 +75,7 @@ def _nested(name: str, seq: object, shape: list[int] | None, kind: str, convert)
 
 
 def _capacity(capacity: object) -> int:
-    value = _integral(capacity, MAX_INTEGER)
+    value = as_integral(capacity, MAX_INTEGER)
     if value is None:
         raise ValueError(f"`capacity` must be an integral number in [0, 2**48], got {capacity!r}")
     return value
@@ -88,7 +84,7 @@ def _capacity(capacity: object) -> int:
 def _method_and_workers(method: object, workers: object) -> None:
     if method not in CAPPED_METHODS:
         raise ValueError(f"`method` must be one of {', '.join(map(repr, CAPPED_METHODS))}, got {method!r}")
-    value = _integral(workers, MAX_WORKERS)
+    value = as_integral(workers, MAX_WORKERS)
     if value is None or value < 1:
         raise ValueError(f"`workers` must be an integral number in [1, {MAX_WORKERS}], got {workers!r}")
 
@@ -108,15 +104,15 @@ def validate_choices(
         ValueError: naming the argument, what is allowed and what was given (and its index).
     """
     _method_and_workers(method, workers)
-    weight_lists = _nested("weights", weights, None, _WEIGHT_KIND, lambda x: _integral(x, MAX_INTEGER))
+    weight_lists = _nested("weights", weights, None, WEIGHT_KIND, lambda x: as_integral(x, MAX_INTEGER))
     shape = [len(group) for group in weight_lists]
-    value_lists = _nested("values", values, shape, _VALUE_KIND, _real)
+    value_lists = _nested("values", values, shape, VALUE_KIND, as_real)
     capacity = _capacity(capacity)
     if prefix_capacities is None:
         cap_lists = [[capacity] * size for size in shape]
     else:
         cap_lists = _nested(
-            "prefix_capacities", prefix_capacities, shape, _WEIGHT_KIND, lambda x: _integral(x, MAX_INTEGER)
+            "prefix_capacities", prefix_capacities, shape, WEIGHT_KIND, lambda x: as_integral(x, MAX_INTEGER)
         )
     flat_w = [w for group in weight_lists for w in group]
     if sum(flat_w) > MAX_WEIGHT_SUM:

@@ -18,12 +18,13 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 from collections.abc import Sequence
 from typing import Literal, get_args
 
 import numpy as np
+
+from lightning_ckpt.solver.scalars import VALUE_KIND, WEIGHT_KIND, as_integral, as_real
 
 __all__ = [
     "CAPPED_METHODS",
@@ -44,27 +45,6 @@ MAX_INTEGER = 2**48  # weights and capacity: sums of thousands stay exact in int
 CAPPED_METHODS = ("auto", "hirschberg")  # the methods that take prefix capacities
 MAX_WEIGHT_SUM = 2**62  # all weights together: int64 sums never overflow
 MAX_VALUE_SUM = 1e300  # all values together: float64 sums stay finite, far from overflow
-
-_WEIGHT_KIND = "integral numbers in [0, 2**48]"
-_VALUE_KIND = "finite real numbers >= 0"
-
-
-def _integral(x: object, high: int) -> int | None:
-    """``x`` as an int when it is exactly an integer in ``[0, high]`` (never a bool), else None."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
-        return None
-    if not isinstance(x, numbers.Integral):
-        if not math.isfinite(float(x)) or x != math.floor(x):
-            return None
-    return int(x) if 0 <= x <= high else None
-
-
-def _real(x: object) -> float | None:
-    """``x`` as a float when it is a finite real number >= 0 (never a bool), else None."""
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
-        return None
-    value = float(x)
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _to_array(name: str, seq: object, kind: str) -> np.ndarray:
@@ -96,7 +76,7 @@ def _entries(name: str, seq: object, kind: str, convert, dtype) -> np.ndarray:
 
 
 def _integral_array(name: str, seq: object) -> np.ndarray:
-    array = _to_array(name, seq, _WEIGHT_KIND)
+    array = _to_array(name, seq, WEIGHT_KIND)
     if array.dtype.kind in "iu" and len(array) and not _holds_bools(seq):  # two reductions, no temporaries
         if array.min() >= 0 and array.max() <= MAX_INTEGER:
             return array.astype(np.int64)
@@ -105,20 +85,20 @@ def _integral_array(name: str, seq: object) -> np.ndarray:
             bad = ~np.isfinite(array) | (array < 0) | (array > MAX_INTEGER) | (np.floor(array) != array)
         if not bad.any():
             return array.astype(np.int64)
-    return _entries(name, array if isinstance(seq, np.ndarray) else seq, _WEIGHT_KIND, _weight, np.int64)
+    return _entries(name, array if isinstance(seq, np.ndarray) else seq, WEIGHT_KIND, _weight, np.int64)
 
 
 def _weight(x: object) -> int | None:
-    return _integral(x, MAX_INTEGER)
+    return as_integral(x, MAX_INTEGER)
 
 
 def _value_array(name: str, seq: object) -> np.ndarray:
-    array = _to_array(name, seq, _VALUE_KIND)
+    array = _to_array(name, seq, VALUE_KIND)
     if array.dtype.kind in "iuf" and not _holds_bools(seq):
         floats = array.astype(np.float64)
         if not len(floats) or (floats.min() >= 0 and floats.max() < math.inf):  # NaN fails min() >= 0
             return floats
-    return _entries(name, array if isinstance(seq, np.ndarray) else seq, _VALUE_KIND, _real, np.float64)
+    return _entries(name, array if isinstance(seq, np.ndarray) else seq, VALUE_KIND, as_real, np.float64)
 
 
 def _holds_bools(seq: object) -> bool:
@@ -127,7 +107,7 @@ def _holds_bools(seq: object) -> bool:
 
 
 def _integral_scalar(name: str, x: object, low: int, high: int, high_text: str) -> int:
-    value = _integral(x, high)
+    value = as_integral(x, high)
     if value is None or value < low:
         raise ValueError(f"`{name}` must be an integral number in [{low}, {high_text}], got {x!r}")
     return value
