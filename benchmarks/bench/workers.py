@@ -33,7 +33,14 @@ from lightning_ckpt.solver.runtime import backend, cpus
 
 __all__ = ["SIZES", "make_instance", "main"]
 
-SIZES = ((200, 100_000), (400, 500_000), (500, 800_000), (700, 800_000), (1_000, 1_000_000), (2_000, 2_500_000))
+SIZES = (
+    (200, 100_000),
+    (400, 500_000),
+    (500, 800_000),
+    (700, 800_000),
+    (1_000, 1_000_000),
+    (2_000, 2_500_000),
+)
 """``(items, capacity)`` per row: about 2e7, 2e8, 4e8, 5.6e8, 1e9 and 5e9 DP cells before the
 reductions (4e8 and 5.6e8 lie either side of ``SolverOptions.parallel_min_solve_cells``)."""
 
