@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.bench.generators import make_instance
 from lightning_ckpt.solver import SolverOptions, solve_knapsack
 from lightning_ckpt.solver.dense.reduce import reduce_instance
 from lightning_ckpt.solver.dense.solve import max_sparse_states
@@ -204,6 +205,10 @@ def test_the_state_bound_follows_the_dense_cells():
     assert max_sparse_states(10**4, 10**4, DEFAULT_OPTIONS) == 2 * 10**4  # one per unit and item
     assert max_sparse_states(2000, 10**9, DEFAULT_OPTIONS) == DEFAULT_OPTIONS.sparse_max_states
     assert max_sparse_states(2000, 10**9, DENSE) == 0
+    # heavy items (a group of 8 spans more than the kernel's 2^19-cell window): one per 512 cells
+    assert max_sparse_states(100, 10**7, DEFAULT_OPTIONS, weight_sum=2 * 10**7) == (100 * (10**7 + 1)) // 512
+    assert max_sparse_states(100, 10**7, DEFAULT_OPTIONS, weight_sum=6 * 10**6) == (100 * (10**7 + 1)) // 4096
+    assert max_sparse_states(100, 140_000_000, DEFAULT_OPTIONS, weight_sum=2 * 10**8) == 1 << 22
     small = solve_knapsack([3, 4, 5], [3.0, 4.5, 5.0], 8)
     assert small.stats.path == "hirschberg"
 
@@ -228,3 +233,15 @@ def test_sparse_states_import_no_engine():
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         inside = [m for m in names if m.startswith("lightning_ckpt")]
         assert all(m.startswith("lightning_ckpt.solver.sparse") for m in inside), (path.name, inside)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_where_the_dense_kernel_streams_the_sparse_states_get_more_room_and_answer(seed):
+    """Strongly correlated items whose sparse try gives up at one state per 4096 cells answer at one
+    per 512 once their groups stream (``group_window`` lowered to make 50 items at W = 1e5 stream):
+    the same value as Hirschberg's."""
+    weights, values, capacity = make_instance("B", n_items=50, capacity=100_000, seed=seed)
+    cached = solve_knapsack(weights, values, capacity)
+    streaming = solve_knapsack(weights, values, capacity, options=SolverOptions(group_window=1024))
+    assert (cached.stats.path, streaming.stats.path) == ("hirschberg", "sparse")
+    assert streaming.value == pytest.approx(cached.value, rel=1e-12) and streaming.weight <= capacity

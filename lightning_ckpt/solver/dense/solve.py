@@ -36,12 +36,13 @@ from lightning_ckpt.solver.dense.reduce import Core, reduce_instance
 from lightning_ckpt.solver.fits import check_fits
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime import cpus, interrupt, pool
-from lightning_ckpt.solver.sparse.minknap import solve_minknap
+from lightning_ckpt.solver.sparse.minknap import STRONG_AFTER_STATES, solve_minknap
 
 __all__ = [
     "CALLING_THREAD_MAX_CELLS",
     "CELLS_PER_STATE",
     "SPARSE_MIN_CELLS",
+    "STREAMING_CELLS_PER_STATE",
     "DenseAnswer",
     "max_sparse_states",
     "solve_uncapped",
@@ -59,25 +60,38 @@ thread's start and join cost 0.1-0.4 ms. Above it the helper thread is also fast
 ms in the calling thread, likely the allocator's per-thread arena for the kernels' temporaries)."""
 
 CELLS_PER_STATE = 4096
-"""A sparse state costs about as much as this many dense cells (measured 2026-12-01: 29 ns a state,
-family B n=1000 W=4e6, where Hirschberg's 283 ms make 0.07 ns per core cell); the sparse try may
-make one state per this many cells, so that giving up wastes at most about a tenth of the dense
-time."""
+"""A sparse state costs about as much as this many dense cells where the dense kernel's groups of
+items stay in cache (measured 2026-12-01: 29 ns a state, family B n=1000 W=4e6, where Hirschberg's
+283 ms make 0.07 ns per core cell; 2026-12-02: 0.17 CPU ns per cell); the sparse try may make one
+state per this many cells, so that giving up wastes at most about a tenth of the dense time."""
+
+STREAMING_CELLS_PER_STATE = 512
+"""The same where the dense kernel streams the profile through memory for each item (a group of
+``SolverOptions.group_items`` items of the core's mean weight spans more than ``group_window``
+cells): measured 2026-12-02, family B n=100 W=1.4e8 seed 1, Hirschberg 16.8 CPU s for 1.4e10 core
+cells (1.2 ns a cell, 7x the cached rate), and the sparse states 81 ns each (3.5M states in 285 ms,
+answering where the 4096 rule had given up after 3.4M)."""
 
 
-def max_sparse_states(items: int, capacity: int, options: SolverOptions) -> int:
-    """States the sparse try may make on a core (0: no try): one per ``CELLS_PER_STATE`` dense cells,
-    and one per capacity unit and item (8 bytes of history each, a third of the dense path's 24
-    bytes per unit), at most ``options.sparse_max_states``; none below ``SPARSE_MIN_CELLS``.
+def max_sparse_states(items: int, capacity: int, options: SolverOptions, weight_sum: int = 0) -> int:
+    """States the sparse try may make on a core (0: no try): one per ``CELLS_PER_STATE`` dense cells
+    (``STREAMING_CELLS_PER_STATE`` where the core's items, ``weight_sum`` in all, are heavy enough
+    that the dense kernel streams), and one per capacity unit and item (8 bytes of history each, a
+    third of the dense path's 24 bytes per unit), at most ``options.sparse_max_states``; none below
+    ``SPARSE_MIN_CELLS``.
 
     Example:
         >>> max_sparse_states(100, 10_000, DEFAULT_OPTIONS), max_sparse_states(94, 6_478_072, DEFAULT_OPTIONS)
         (0, 148666)
+        >>> max_sparse_states(100, 140_000_000, DEFAULT_OPTIONS, weight_sum=280_000_000)  # streams
+        4194304
     """
     cells = items * (capacity + 1)
     if cells < SPARSE_MIN_CELLS:
         return 0
-    return min(options.sparse_max_states, capacity + items, cells // CELLS_PER_STATE)
+    streams = items and weight_sum * options.group_items > options.group_window * items
+    per_state = STREAMING_CELLS_PER_STATE if streams else CELLS_PER_STATE
+    return min(options.sparse_max_states, capacity + items, cells // per_state)
 
 
 class DenseAnswer(NamedTuple):
@@ -112,9 +126,11 @@ def solve_uncapped(
     core = reduce_instance(weights, values, capacity, use_lp=use_lp)
     n, cap = len(core.weights), core.capacity
     mask, cells, used, path = np.zeros(n, dtype=np.bool_), 0, 1, "reductions"
-    sparse, most = None, max_sparse_states(n, cap, options)
+    sparse, most = None, max_sparse_states(n, cap, options, int(core.weights.sum()))
     if use_lp and most:
-        sparse = solve_minknap(core.weights, core.values, cap, most, counts=core.copies)
+        early = max_sparse_states(n, cap, options) // 4  # the strong bounds start where they did
+        strong_after = min(STRONG_AFTER_STATES, early)  # before the streaming rule: the same sets
+        sparse = solve_minknap(core.weights, core.values, cap, most, strong_after, counts=core.copies)
     if sparse is not None:
         (mask, cells), path = sparse, "sparse"
     elif n and cap:
