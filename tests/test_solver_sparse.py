@@ -206,9 +206,9 @@ def test_the_state_bound_follows_the_dense_cells():
     assert max_sparse_states(2000, 10**9, DEFAULT_OPTIONS) == DEFAULT_OPTIONS.sparse_max_states
     assert max_sparse_states(2000, 10**9, DENSE) == 0
     # heavy items (a group of 8 spans more than the kernel's 2^19-cell window): one per 512 cells
-    assert max_sparse_states(100, 10**7, DEFAULT_OPTIONS, weight_sum=2 * 10**7) == (100 * (10**7 + 1)) // 512
-    assert max_sparse_states(100, 10**7, DEFAULT_OPTIONS, weight_sum=6 * 10**6) == (100 * (10**7 + 1)) // 4096
-    assert max_sparse_states(100, 140_000_000, DEFAULT_OPTIONS, weight_sum=2 * 10**8) == 1 << 22
+    assert max_sparse_states(100, 10**7, DEFAULT_OPTIONS, np.full(100, 200_000)) == (100 * (10**7 + 1)) // 512
+    assert max_sparse_states(100, 10**7, DEFAULT_OPTIONS, np.full(100, 60_000)) == (100 * (10**7 + 1)) // 4096
+    assert max_sparse_states(100, 140_000_000, DEFAULT_OPTIONS, np.full(100, 2_000_000)) == 1 << 22
     small = solve_knapsack([3, 4, 5], [3.0, 4.5, 5.0], 8)
     assert small.stats.path == "hirschberg"
 

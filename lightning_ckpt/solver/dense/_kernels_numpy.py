@@ -82,7 +82,7 @@ def fill_leaf(
 
 def backtrack(weights: np.ndarray, capacity: int, keep_bits: np.ndarray, chosen: np.ndarray) -> None:
     """Read the chosen items back from a decision-bit table: ``backtrack_loops`` on Python ints
-    (numpy scalar reads cost about 0.1 us each: B n=54, W=5,000 took 68 us, now 30)."""
+    (numpy scalar reads cost about 0.1 us each: B n=54, W=5,000 took 37 us, now 19)."""
     sizes = weights.tolist()
     reach_after, reach = [], 0
     for w in sizes:

@@ -73,23 +73,26 @@ cells (1.2 ns a cell, 7x the cached rate), and the sparse states 81 ns each (3.5
 answering where the 4096 rule had given up after 3.4M)."""
 
 
-def max_sparse_states(items: int, capacity: int, options: SolverOptions, weight_sum: int = 0) -> int:
+def max_sparse_states(
+    items: int, capacity: int, options: SolverOptions, weights: np.ndarray | None = None
+) -> int:
     """States the sparse try may make on a core (0: no try): one per ``CELLS_PER_STATE`` dense cells
-    (``STREAMING_CELLS_PER_STATE`` where the core's items, ``weight_sum`` in all, are heavy enough
-    that the dense kernel streams), and one per capacity unit and item (8 bytes of history each, a
+    (``STREAMING_CELLS_PER_STATE`` where the core's ``weights``, if given, are heavy enough that the
+    dense kernel streams), and one per capacity unit and item (8 bytes of history each, a
     third of the dense path's 24 bytes per unit), at most ``options.sparse_max_states``; none below
     ``SPARSE_MIN_CELLS``.
 
     Example:
         >>> max_sparse_states(100, 10_000, DEFAULT_OPTIONS), max_sparse_states(94, 6_478_072, DEFAULT_OPTIONS)
         (0, 148666)
-        >>> max_sparse_states(100, 140_000_000, DEFAULT_OPTIONS, weight_sum=280_000_000)  # streams
+        >>> max_sparse_states(100, 140_000_000, DEFAULT_OPTIONS, np.full(100, 2_800_000))  # streams
         4194304
     """
     cells = items * (capacity + 1)
     if cells < SPARSE_MIN_CELLS:
         return 0
-    streams = items and weight_sum * options.group_items > options.group_window * items
+    weight_sum = 0 if weights is None else int(weights.sum())  # summed only for a core this large
+    streams = weight_sum * options.group_items > options.group_window * items
     per_state = STREAMING_CELLS_PER_STATE if streams else CELLS_PER_STATE
     return min(options.sparse_max_states, capacity + items, cells // per_state)
 
@@ -126,7 +129,7 @@ def solve_uncapped(
     core = reduce_instance(weights, values, capacity, use_lp=use_lp)
     n, cap = len(core.weights), core.capacity
     mask, cells, used, path = np.zeros(n, dtype=np.bool_), 0, 1, "reductions"
-    sparse, most = None, max_sparse_states(n, cap, options, int(core.weights.sum()))
+    sparse, most = None, max_sparse_states(n, cap, options, core.weights)
     if use_lp and most:
         early = max_sparse_states(n, cap, options) // 4  # the strong bounds start where they did
         strong_after = min(STRONG_AFTER_STATES, early)  # before the streaming rule: the same sets
