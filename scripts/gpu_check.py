@@ -5,6 +5,7 @@ not yet timed on one)::
 
     python scripts/gpu_check.py [--json out.json]
     python scripts/gpu_check.py --fsdp2 [--json out.json]   # the same under FSDP2, world size 1
+    python scripts/gpu_check.py --granularity op [--json out.json]   # op-level plans (one device)
 
 What it does, on a GPT-2-medium-sized example GPT (24 blocks, 16 heads, width 1024, context 1024) with
 random tokens:
@@ -114,7 +115,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--fsdp2", action="store_true", help="train under ModelParallelStrategy (fully_shard), world size 1"
     )
+    parser.add_argument(
+        "--granularity", choices=("block", "op"), default="block", help="AutoCheckpoint's granularity"
+    )
     args = parser.parse_args(argv)
+    if args.granularity == "op" and args.fsdp2:
+        parser.error("--granularity op runs on one unsharded device: drop --fsdp2")
     if not 0.0 <= args.budget_fraction < 1.0:
         parser.error(f"--budget-fraction must be in [0, 1), got {args.budget_fraction}")
     return args
@@ -350,7 +356,7 @@ def train(args: argparse.Namespace, budget_bytes: int, report: dict) -> int:
     model = build_model(args)
     batches = make_batches(schedule(args), args.batch_size, model.config.vocab_size, args.seed + 1)
     meter = CudaPeak() if cuda else NoPeak()
-    auto = AutoCheckpoint(budget_gb=budget_bytes / GB)
+    auto = AutoCheckpoint(budget_gb=budget_bytes / GB, granularity=args.granularity)
     recorder = StepRecorder(auto, meter, budget_bytes)
     trainer = make_trainer(args, [recorder, auto], max_steps=len(batches))
     if cuda:

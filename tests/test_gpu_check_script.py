@@ -66,3 +66,21 @@ def test_without_cuda_it_refuses_with_status_2():
     result = _run_without_cuda("--steps", "1")
     assert result.returncode == 2
     assert "needs a CUDA GPU" in result.stderr
+
+
+def test_cpu_smoke_run_at_op_level_plans_per_shape_within_the_budget(tmp_path):
+    """``--granularity op``: the callback plans op-level options; every step's prediction within budget."""
+    out = tmp_path / "check.json"
+    result = _run_without_cuda(
+        "--allow-cpu", "--granularity", "op", "--steps", "2", "--return-steps", "1", "--json", str(out)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["exit_status"] == 0 and report["settings"]["granularity"] == "op"
+    assert [row["step"] for row in report["rows"] if row["note"] == "plan"] == [0, 2]
+    assert all(row["predicted_bytes"] <= report["budget_bytes"] for row in report["rows"])
+
+
+def test_op_level_under_fsdp2_is_refused_by_name():
+    result = _run_without_cuda("--allow-cpu", "--granularity", "op", "--fsdp2")
+    assert result.returncode == 2 and "--granularity op runs on one unsharded device" in result.stderr
