@@ -74,7 +74,7 @@ class AutoCheckpoint(Callback):
         quantum_bytes: memory unit of the knapsack (weights rounded up, capacity down).
         workers: processes for the knapsack solver on large problems.
         measure: measure the real peak on the step after planning and re-plan once if it is over budget.
-        granularity: ``"block"`` (whole candidates) or ``"op"`` (also selective policies; one device).
+        granularity: ``"block"`` (whole candidates) or ``"op"`` (also selective policies; one device or DDP).
 
     Raises:
         ValueError: for an argument outside what is allowed (the message names it and what was given).
@@ -315,7 +315,7 @@ class AutoCheckpoint(Callback):
             if target != shapes:
                 self._book.refused.add(target)
                 target, profile = shapes, profile_at(shapes)
-                measure_options(target)
+            measure_options(target)  # on several devices a collective: every rank takes part
             plan = self._options.decide(trainer, profile, target)
         if not plan.checkpointed:
             headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / BYTES_PER_GB

@@ -13,6 +13,7 @@ import pytest
 import torch
 from callback_helpers import assert_within_two_percent, fast_trainer, fit, tiny_gpt, token_loader
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from test_budget_promise import exact_budget
 
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
@@ -186,11 +187,17 @@ def test_op_level_training_gives_the_plain_parameters_with_dropout(gpt_form):
     pytest.fail("no budget gave a plan with selective blocks")
 
 
-def test_op_level_is_refused_on_several_devices():
+def test_op_level_is_refused_with_a_sharding_strategy_and_allowed_with_ddp():
     config = AutoCheckpoint(budget_gb=1, granularity="op").config
-    with pytest.raises(ValueError, match="`granularity` must be 'block' on more than one device"):
-        check_granularity(types.SimpleNamespace(world_size=2), config)
-    check_granularity(types.SimpleNamespace(world_size=2), dataclasses.replace(config, granularity="block"))
+    sharded = types.SimpleNamespace(world_size=2, strategy=ModelParallelStrategy())
+    with pytest.raises(
+        ValueError,
+        match="`granularity` must be 'block' with a sharding strategy.*"
+        "got 'op' with ModelParallelStrategy on 2 devices",
+    ):
+        check_granularity(sharded, config)
+    check_granularity(sharded, dataclasses.replace(config, granularity="block"))
+    check_granularity(types.SimpleNamespace(world_size=2, strategy=DDPStrategy()), config)
 
 
 def _saved_plan(**item_fields) -> dict:

@@ -8,6 +8,11 @@ one block's forward and backward, within any budget the step fits at all (the fi
 checkpointed block's whole recomputation). Times are shares of the block's forward (the step's own
 recompute time of each block scales them) plus eager SAC's overhead, measured. Gradients, buffers and
 RNG streams are restored afterwards, as for the step's profile.
+
+On several devices only rank 0 times its blocks; it broadcasts each candidate's options and times
+(:class:`~lightning_ckpt.core.selective.costs.OptionTimes`, plain data), and every rank sizes those same
+options on its own batch (a fake twin, nothing allocated): every rank weighs the same policies at the
+same seconds, each with its own bytes. It is a collective: every rank calls it at the same step.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch.nn as nn
 
 from lightning_ckpt._compat import tree_leaves
 from lightning_ckpt.core.names import resolve_modules
-from lightning_ckpt.core.selective.costs import OptionCost, option_costs
+from lightning_ckpt.core.selective.costs import OptionCost, OptionTimes, option_costs, option_times
 from lightning_ckpt.core.selective.options import profile_block
 from lightning_ckpt.core.wrapping import checkpointing_removed
 from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
@@ -89,21 +94,56 @@ def options_in_fit(
         no_gradient_sync(trainer),
     ):
         signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, candidates)
+        times = _rank_zero_times(trainer, modules, signatures, first)
         measured = {
-            signature: _measured(trainer, modules[name], args, kwargs)
+            signature: _sized(trainer, modules[name], args, kwargs, times[name])
+            for signature, (name, args, kwargs) in first.items()
+            if name in times
+        }
+    return {name: measured[signature] for name, signature in signatures.items() if signature in measured}
+
+
+def _rank_zero_times(
+    trainer: pl.Trainer,
+    modules: dict[str, nn.Module],
+    signatures: dict[str, tuple],
+    first: dict[tuple, tuple[str, tuple, dict]],
+) -> dict[str, OptionTimes]:
+    """Candidate name -> its options and times, measured on rank 0 (broadcast on several devices)."""
+    times: dict[str, OptionTimes] = {}
+    if trainer.global_rank == 0:
+        by_signature = {
+            signature: _timed(trainer, modules[name], args, kwargs)
             for signature, (name, args, kwargs) in first.items()
         }
-    return {name: measured[signature] for name, signature in signatures.items()}
+        times = {name: by_signature[signature] for name, signature in signatures.items()}
+    if trainer.world_size > 1:
+        times = trainer.strategy.broadcast(times, src=0)
+    return times
 
 
-def _measured(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> list[OptionCost]:
-    """One block's options, its floating inputs requiring gradients as in training, under the step's
-    precision context."""
+def _prepared(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict):
+    """The block as called in the step, its floating inputs requiring gradients as in training, and the
+    step's precision context."""
     args = tuple(
         a.requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
     )
     called = _Called(block, kwargs) if kwargs else block
     context = getattr(trainer.precision_plugin, "train_step_context", contextlib.nullcontext)
-    with context():
-        profile = profile_block(called, *args, repeats=3)
-        return option_costs(called, args, profile)
+    return called, args, context()
+
+
+def _timed(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> OptionTimes:
+    """One block's options and their times, measured on real tensors."""
+    called, args, context = _prepared(trainer, block, args, kwargs)
+    with context:
+        return option_times(profile_block(called, *args, repeats=3))
+
+
+def _sized(
+    trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict, times: OptionTimes
+) -> list[OptionCost]:
+    """The options of ``times`` sized on this rank's inputs (a fake twin)."""
+    called, args, context = _prepared(trainer, block, args, kwargs)
+    with context:
+        return option_costs(called, args, times)

@@ -33,13 +33,13 @@ from lightning_ckpt.planning.nested import PrefixForm, prefix_form
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan, PlanItem
 
-__all__ = ["candidate_options", "make_op_plan"]
+__all__ = ["candidate_options", "make_op_plan", "op_plan_peak_bytes"]
 
 _DEFAULT_CONFIG = AutoCheckpointConfig(budget_gb=1.0, granularity="op")
 
 
 def candidate_options(
-    module: ModuleProfile, weight_bytes: int, measured: Sequence[Any], cost: Cost
+    module: ModuleProfile, weight_bytes: int, measured: Sequence[Any], cost: Cost, *, prune: bool = True
 ) -> list[Option]:
     """Keep, full checkpoint and the measured selective options of one candidate.
 
@@ -50,6 +50,7 @@ def candidate_options(
             keep's measured bytes, when below ``weight_bytes``, raise every selective option's by the
             difference (what the step holds that the block alone did not).
         cost: ``"time"`` or ``"flops"``.
+        prune: leave out the selective options another option beats on every count.
     """
     full = float(module.recompute_seconds if cost == "time" else module.flops)
     options = [
@@ -73,7 +74,7 @@ def candidate_options(
                 max(getattr(c, "output_bytes", 0), getattr(c, "forward_extra_bytes", 0)),
             )
         )
-    return _undominated(options)
+    return _undominated(options) if prune else options
 
 
 def _undominated(options: list[Option]) -> list[Option]:
@@ -146,13 +147,61 @@ def make_op_plan(
 
 
 def _options(
-    profile: StepProfile, form: PrefixForm, measured: Mapping[str, Sequence[Any]], cost: Cost
+    profile: StepProfile,
+    form: PrefixForm,
+    measured: Mapping[str, Sequence[Any]],
+    cost: Cost,
+    prune: bool = True,
 ) -> list[list[Option]]:
     weight = dict(zip(form.order, form.weight_bytes, strict=True))
     return [
-        candidate_options(m, weight.get(i, 0), measured.get(m.name, ()), cost)
+        candidate_options(m, weight.get(i, 0), measured.get(m.name, ()), cost, prune=prune)
         for i, m in enumerate(profile.modules)
     ]
+
+
+def op_plan_peak_bytes(
+    profile: StepProfile, measured: Mapping[str, Sequence[Any]], plan: CheckpointPlan, cost: Cost = "time"
+) -> int:
+    """The predicted peak of ``plan`` (made from the same options on another rank's batch, say) on
+    ``profile``, each candidate under the plan's option sized by ``measured``.
+
+    An option of the plan this profile lacks (a candidate the step here did not call) counts as keep's
+    bytes with the largest transient and extra of this candidate's options: never below any of them.
+
+    Example:
+        >>> from lightning_ckpt.core.profile_types import ModuleProfile, StaticMemory, StepProfile
+        >>> modules = (ModuleProfile("a", 30, 10, 0.1, 0), ModuleProfile("b", 60, 10, 0.3, 0))
+        >>> profile = StepProfile(modules, StaticMemory("cpu", 100, 0, 0, 0), 5, 2)
+        >>> plan = make_op_plan(profile, {}, 200)
+        >>> op_plan_peak_bytes(profile, {}, plan) == plan.predicted_peak_bytes
+        True
+    """
+    peak = PeakModel(profile)
+    form = prefix_form(peak.points, peak.matrix)
+    if form is None or not plan.selective:
+        return peak.peak_bytes(plan.checkpointed)
+    options = _options(profile, form, measured, cost, prune=False)
+    items = {item.name: item for item in plan.items}
+    checkpointed = set(plan.checkpointed)
+    choice = []
+    for module, group in zip(profile.modules, options, strict=True):
+        item = items.get(module.name)
+        choice.append(_option_index(group, item, module.name in checkpointed))
+    return choice_peak_bytes(form, options, choice)
+
+
+def _option_index(group: list[Option], item: PlanItem | None, checkpointed: bool) -> int:
+    """The index in ``group`` of ``item``'s option (appending a bound when ``group`` lacks it)."""
+    if item is None or not item.saved_ops:
+        return next(j for j, o in enumerate(group) if o.kind == ("checkpoint" if checkpointed else "keep"))
+    for j, option in enumerate(group):
+        if option.kind == "selective" and tuple(option.saved_ops) == tuple(item.saved_ops):
+            return j
+    transient = max(o.transient_bytes for o in group)
+    extra = max(o.skip_extra_bytes for o in group)
+    group.append(Option(item.option, "selective", group[0].held_bytes, transient, 0.0, item.saved_ops, extra))
+    return len(group) - 1
 
 
 def _plan(
