@@ -222,6 +222,10 @@ def _saved_plan(**item_fields) -> dict:
         ({"option": "sdpa", "option_seconds": 0.2}, r"selective option 'sdpa' but no `saved_ops`"),
         ({"option": "sdpa", "saved_ops": [["aten.mm.default", -1]]}, r"`saved_ops` must be a list of \[op"),
         ({"option_seconds": float("nan")}, r"`option_seconds` must be None or a finite number of seconds"),
+        (
+            {"option": "mm", "saved_ops": [["aten.mm.default", 0], ["aten.mm.default", 0]]},
+            r"item 'h.0' names an op call twice in `saved_ops`",
+        ),
     ],
 )
 def test_a_saved_op_level_plan_is_checked_field_by_field(fields, match):

@@ -14,13 +14,14 @@ import lightning.pytorch as pl
 
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.lightning.op_options import options_in_fit
+from lightning_ckpt.lightning.op_options import options_in_fit, saved_options_in_fit
 from lightning_ckpt.lightning.ranks import broadcast_plan, decide_plan, heaviest_rank, max_over_ranks
 from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, pad_batch
 from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.planning.op_plan import make_op_plan, op_plan_peak_bytes
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan
+from lightning_ckpt.units import BYTES_PER_GB
 
 __all__ = [
     "OptionBook",
@@ -147,3 +148,20 @@ class OptionBook:
         """:func:`decide_at_granularity` with the options measured at ``shapes``."""
         options = self.options.get(shapes, {})
         return decide_at_granularity(trainer, profile, self.config, shapes, options, budget_bytes)
+
+    def check_saved(
+        self, trainer, pl_module, batch, batch_idx: int, plan: CheckpointPlan, profile: StepProfile
+    ) -> tuple[str | None, CheckpointPlan]:
+        """A saved selective ``plan`` (a resume) against a fresh ``profile`` of the batch: why it must not
+        be applied (its saved op calls no longer match the model, or its predicted peak is over the
+        budget), or ``None`` and the plan with its fresh prediction, its peak not measured yet."""
+        measured, problem = saved_options_in_fit(trainer, pl_module, batch, batch_idx, plan)
+        if problem:
+            return problem, plan
+        peak_bytes = op_plan_peak_bytes(profile, measured, plan, self.config.cost)
+        if peak_bytes > self.config.budget_bytes:
+            return (
+                f"a fresh profile predicts {peak_bytes / BYTES_PER_GB:.4f} GB for it, over the budget of"
+                f" {self.config.budget_bytes / BYTES_PER_GB:.4f} GB"
+            ), plan
+        return None, dataclasses.replace(plan, predicted_peak_bytes=peak_bytes, measured_peak_bytes=None)

@@ -26,13 +26,17 @@ import torch
 import torch.nn as nn
 
 from lightning_ckpt._compat import tree_leaves
+from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.names import resolve_modules
 from lightning_ckpt.core.selective.costs import OptionCost, OptionTimes, option_costs, option_times
-from lightning_ckpt.core.selective.options import profile_block
+from lightning_ckpt.core.selective.ops import record_ops
+from lightning_ckpt.core.selective.options import BlockOption, profile_block
+from lightning_ckpt.core.selective.policy import SelectivePolicy
 from lightning_ckpt.core.wrapping import checkpointing_removed
 from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
+from lightning_ckpt.planning.plan import CheckpointPlan
 
-__all__ = ["options_in_fit"]
+__all__ = ["options_in_fit", "saved_options_in_fit"]
 
 
 class _Called(nn.Module):
@@ -147,3 +151,56 @@ def _sized(
     called, args, context = _prepared(trainer, block, args, kwargs)
     with context:
         return option_costs(called, args, times)
+
+
+def saved_options_in_fit(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, plan: CheckpointPlan
+) -> tuple[dict[str, list[OptionCost]], str | None]:
+    """A saved op-level plan's own options sized on ``batch`` (a resume: nothing timed, nothing
+    allocated), or why they cannot be: a saved op call that is not a savable call of its block's forward
+    now (the model's code changed). Not a collective: each rank sizes its own."""
+    names = [item.name for item in plan.items]
+    saved = {item.name: (item.option, tuple(item.saved_ops)) for item in plan.items if item.saved_ops}
+    with (
+        checkpointing_removed(pl_module),
+        untouched_training_state(pl_module),
+        no_gradient_sync(trainer),
+    ):
+        signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, names)
+        modules = resolve_modules(pl_module, names, argument="candidates")
+        measured = {}
+        for signature, (name, args, kwargs) in first.items():
+            wanted = {saved[n] for n, s in signatures.items() if s == signature and n in saved}
+            if not wanted:
+                continue
+            called, args, context = _prepared(trainer, modules[name], args, kwargs)
+            with context:
+                problem = _unmatched_calls(called, args, wanted, name)
+                if problem:
+                    return {}, problem
+                measured[signature] = option_costs(called, args, _saved_times(wanted))
+    return {n: measured[s] for n, s in signatures.items() if s in measured}, None
+
+
+def _unmatched_calls(block: nn.Module, args: tuple, wanted: set, name: str) -> str | None:
+    """Why the saved op calls ``wanted`` do not name savable calls of ``block``'s forward (a fake run)."""
+    with fake_model(block) as fake:
+        savable = {call.key for call in record_ops(block, *fake.fake(args), repeats=1) if call.savable}
+    for option, calls in sorted(wanted):
+        missing = [call for call in calls if tuple(call) not in savable]
+        if missing:
+            return (
+                f"its saved op calls no longer match the model: {name}'s option {option!r} saves"
+                f" {tuple(missing[0])}, which is not a savable call of its forward now"
+            )
+    return None
+
+
+def _saved_times(wanted: set) -> OptionTimes:
+    """Keep, full checkpoint and the saved selective options, untimed (a resume checks their bytes)."""
+    selective = [
+        BlockOption(f"{option} [{k}]", "selective", 0, 0.0, 0, SelectivePolicy(frozenset(calls)))
+        for k, (option, calls) in enumerate(sorted(wanted))
+    ]
+    keep = BlockOption("keep", "keep", 0, 0.0, 0)
+    return OptionTimes((keep, *selective, BlockOption("checkpoint", "checkpoint", 0, 0.0, 0)), 0.0, 0.0)
