@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn as nn
 
-from lightning_ckpt._compat import tree_leaves
+from lightning_ckpt._compat import tree_flatten, tree_leaves, tree_unflatten
 from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.names import resolve_modules
 from lightning_ckpt.core.selective.costs import OptionCost, OptionTimes, option_costs, option_times
@@ -40,14 +40,25 @@ __all__ = ["options_in_fit", "saved_options_in_fit"]
 
 
 class _Called(nn.Module):
-    """``block`` called with fixed keyword arguments (a policy's op counts see only its own ops)."""
+    """``block`` called with its keyword arguments' tensors passed positionally after its own inputs
+    (so that a fake twin's run sees them fake, as it sees the inputs), the rest of them fixed; a policy's
+    op counts see only the block's own ops."""
 
-    def __init__(self, block: nn.Module, kwargs: dict[str, Any]) -> None:
+    def __init__(self, block: nn.Module, num_args: int, kwargs: dict[str, Any]) -> None:
         super().__init__()
-        self.block, self.kwargs = block, kwargs
+        self.block, self.num_args = block, num_args
+        self.leaves, self.spec = tree_flatten(kwargs)
+        self.tensor_at = [i for i, leaf in enumerate(self.leaves) if isinstance(leaf, torch.Tensor)]
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """The keyword arguments' tensors, in the order :meth:`forward` takes them after the inputs."""
+        return tuple(self.leaves[i] for i in self.tensor_at)
 
     def forward(self, *args: Any) -> Any:
-        return self.block(*args, **self.kwargs)
+        leaves = list(self.leaves)
+        for i, tensor in zip(self.tensor_at, args[self.num_args :], strict=True):
+            leaves[i] = tensor
+        return self.block(*args[: self.num_args], **tree_unflatten(leaves, self.spec))
 
 
 def _signature(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
@@ -127,14 +138,16 @@ def _rank_zero_times(
 
 
 def _prepared(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict):
-    """The block as called in the step, its floating inputs requiring gradients as in training, and the
-    step's precision context."""
+    """The block as called in the step with all its tensors as positional inputs, its own floating
+    inputs requiring gradients as in training, and the step's precision context."""
     args = tuple(
         a.requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
     )
-    called = _Called(block, kwargs) if kwargs else block
     context = getattr(trainer.precision_plugin, "train_step_context", contextlib.nullcontext)
-    return called, args, context()
+    if not kwargs:
+        return block, args, context()
+    called = _Called(block, len(args), kwargs)
+    return called, (*args, *called.inputs()), context()
 
 
 def _timed(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> OptionTimes:
