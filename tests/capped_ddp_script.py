@@ -16,6 +16,8 @@ Usage:
     python tests/capped_ddp_script.py OUT_DIR op BUDGET_BYTES
         As ``capped``, at op level (``granularity="op"``, priced in FLOPs so that selective options are
         chosen); ``facts{rank}.json`` also has the selective policies applied while training.
+    python tests/capped_ddp_script.py OUT_DIR op-uneven BUDGET_BYTES
+        ``uneven`` at op level: each rank checks the plan on its own batch shapes.
 """
 
 from __future__ import annotations
@@ -150,4 +152,5 @@ if __name__ == "__main__":
         probe(Path(sys.argv[1]))
     else:
         mode = sys.argv[2]
-        capped(Path(sys.argv[1]), int(sys.argv[3]), mode == "uneven", mode == "mixed", mode == "op")
+        uneven, op = mode in ("uneven", "op-uneven"), mode in ("op", "op-uneven")
+        capped(Path(sys.argv[1]), int(sys.argv[3]), uneven, mode == "mixed", op)
