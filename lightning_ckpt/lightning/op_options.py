@@ -29,6 +29,7 @@ from lightning_ckpt._compat import tree_flatten, tree_leaves, tree_unflatten
 from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.names import resolve_modules
 from lightning_ckpt.core.selective.costs import OptionCost, OptionTimes, option_costs, option_times
+from lightning_ckpt.core.selective.measure import device_clock
 from lightning_ckpt.core.selective.ops import record_ops
 from lightning_ckpt.core.selective.options import BlockOption, profile_block
 from lightning_ckpt.core.selective.policy import SelectivePolicy
@@ -154,7 +155,7 @@ def _timed(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> 
     """One block's options and their times, measured on real tensors."""
     called, args, context = _prepared(trainer, block, args, kwargs)
     with context:
-        return option_times(profile_block(called, *args, repeats=3))
+        return option_times(profile_block(called, *args, repeats=3, clock=device_clock(block)))
 
 
 def _sized(
