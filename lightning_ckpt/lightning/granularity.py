@@ -33,8 +33,9 @@ __all__ = [
 
 
 def check_granularity(trainer: pl.Trainer, config: AutoCheckpointConfig) -> None:
-    """Refuse op level where it is not verified: any strategy that shards the model (FSDP, FSDP2,
-    DeepSpeed); one device and DDP are allowed.
+    """Refuse op level where it is not verified: more than one device under any strategy but DDP (FSDP,
+    FSDP2 and DeepSpeed shard the model; a sharded block's options would be timed with collectives on
+    rank 0 alone and sized on a fake twin of sharded parameters).
 
     Raises:
         ValueError: naming ``granularity``, what is allowed and what was given.
