@@ -238,3 +238,39 @@ def test_a_saved_op_level_plan_round_trips_its_option_through_plain_lists():
     plan = CheckpointPlan.from_dict(data)
     assert plan.selective == ("h.0",) and plan.items[0].saved_ops == (("aten.mm.default", 0),)
     assert CheckpointPlan.from_dict(plan.to_dict()) == plan and "sdpa (1 op saved)" in str(plan)
+
+
+class _TwoRanks:
+    """Rank 0 of two, the other rank's side scripted: a lighter step, and its excess over the budget
+    under each plan broadcast (what ``max_over_ranks`` sees from it)."""
+
+    def __init__(self, other_excess: list[int]) -> None:
+        self.world_size, self.global_rank, self.other_excess = 2, 0, list(other_excess)
+        self.strategy = self
+        self.root_device = torch.device("cpu")
+
+    def all_gather(self, tensor):
+        return torch.stack([tensor, torch.zeros_like(tensor)])
+
+    def broadcast(self, obj, src):
+        assert src == 0, "the heavier rank 0 plans"
+        return obj
+
+    def reduce(self, tensor, reduce_op):
+        return torch.maximum(tensor, torch.tensor(self.other_excess.pop(0), dtype=tensor.dtype))
+
+
+def test_op_level_across_ranks_plans_again_with_the_other_ranks_excess_taken_off(gpt_form):
+    from lightning_ckpt.lightning.granularity import decide_op_plan
+
+    profile, peak, _ = gpt_form
+    low, high = fixed_peak_bytes(profile), peak.peak_bytes([])
+    budget = int(low + 0.5 * (high - low))
+    config = AutoCheckpoint(budget_gb=budget / 1e9, cost="flops", granularity="op").config
+    alone = decide_op_plan(_TwoRanks([0]), profile, config, (), {}, budget)
+    excess = budget - alone.predicted_peak_bytes + 1000  # the other rank reports it under the first plan
+    trainer = _TwoRanks([excess, 0])
+    plan = decide_op_plan(trainer, profile, config, (), {}, budget)
+    assert not trainer.other_excess, "two rounds: planned again once"
+    assert plan.budget_bytes == budget and plan.predicted_peak_bytes <= budget - excess
+    assert len(plan.checkpointed) > len(alone.checkpointed)
