@@ -74,7 +74,7 @@ class AutoCheckpoint(Callback):
         quantum_bytes: memory unit of the knapsack (weights rounded up, capacity down).
         workers: processes for the knapsack solver on large problems.
         measure: measure the real peak on the step after planning and re-plan once if it is over budget.
-        granularity: ``"block"`` (whole candidates) or ``"op"`` (also selective policies; one device).
+        granularity: ``"block"`` (whole candidates) or ``"op"`` (also selective policies; one device or DDP).
 
     Raises:
         ValueError: for an argument outside what is allowed (the message names it and what was given).
@@ -271,8 +271,8 @@ class AutoCheckpoint(Callback):
             target, profile = shapes, profile_at(shapes)
         saved = self._book.plans.get(target) if target in self._book.unchecked else None
         problem = None if saved is None else saved_plan_problem(saved, profile, self.budget_bytes)
-        if saved is not None and saved.selective:
-            problem = "its selective options are measured again on a resume"
+        if saved is not None and saved.selective and problem is None:  # sized again, not timed
+            problem, saved = self._options.check_saved(trainer, pl_module, batch, batch_idx, saved, profile)
         (replan,) = any_rank(trainer, saved is None or problem is not None)
         if replan:
             if problem is not None:
@@ -287,7 +287,7 @@ class AutoCheckpoint(Callback):
             family = f" (for {_text(shapes)} and every batch it covers)" if target != shapes else ""
             rank_zero_info(f"AutoCheckpoint plan for batch shapes {_text(target)}{family}:\n{plan}")
         else:
-            plan = checked_plan(saved, profile)
+            plan = saved if saved.selective else checked_plan(saved, profile)
             rank_zero_info(f"AutoCheckpoint: the saved plan for {_text(target)} holds on a fresh profile")
         self._book.plans[target], self._book.profiles[target] = plan, profile
         self._book.unchecked.discard(target)
@@ -315,7 +315,7 @@ class AutoCheckpoint(Callback):
             if target != shapes:
                 self._book.refused.add(target)
                 target, profile = shapes, profile_at(shapes)
-                measure_options(target)
+            measure_options(target)  # on several devices a collective: every rank takes part
             plan = self._options.decide(trainer, profile, target)
         if not plan.checkpointed:
             headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / BYTES_PER_GB

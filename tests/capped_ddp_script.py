@@ -13,6 +13,11 @@ Usage:
     python tests/capped_ddp_script.py OUT_DIR uneven BUDGET_BYTES
         The same, but the ranks see batches of different shapes at the same step (as with padding to each
         batch's longest sequence): rank 0 sequences of 16, 16, 32, 32 tokens, rank 1 of 32 throughout.
+    python tests/capped_ddp_script.py OUT_DIR op BUDGET_BYTES
+        As ``capped``, at op level (``granularity="op"``, priced in FLOPs so that selective options are
+        chosen); ``facts{rank}.json`` also has the selective policies applied while training.
+    python tests/capped_ddp_script.py OUT_DIR op-uneven BUDGET_BYTES
+        ``uneven`` at op level: each rank checks the plan on its own batch shapes.
 """
 
 from __future__ import annotations
@@ -30,20 +35,21 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from callback_helpers import tiny_gpt, token_loader  # noqa: E402
 
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
+from lightning_ckpt.lightning.apply_plan import current_policies  # noqa: E402
 from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
 from lightning_ckpt.testing import memory_cap  # noqa: E402
 
 STEPS, BATCH = 4, 4  # BATCH rows per rank and step
 
 
-def ddp_trainer(callback: AutoCheckpoint, max_steps: int, **kwargs) -> L.Trainer:
+def ddp_trainer(callback: AutoCheckpoint, max_steps: int, *others: L.Callback, **kwargs) -> L.Trainer:
     return L.Trainer(
         accelerator="cpu",
         devices=2,
         # "ddp" with a short timeout: a rank that dies of OOM must not leave its peer waiting 30 minutes
         strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120)),
         max_steps=max_steps,
-        callbacks=[callback],
+        callbacks=[callback, *others],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -96,11 +102,27 @@ class MixedShapes(L.LightningDataModule):
         return torch.utils.data.DataLoader(rows, batch_size=None)
 
 
-def capped(out_dir: Path, budget_bytes: int, uneven: bool = False, mixed: bool = False) -> None:
+class PolicySpy(L.Callback):
+    """The selective policies applied to the model while it trains (saved op calls, as lists)."""
+
+    def __init__(self) -> None:
+        self.policies: dict[str, list] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        for name, policy in current_policies(pl_module).items():
+            if policy is not None:
+                self.policies[name] = sorted(map(list, policy.saved))
+
+
+def capped(
+    out_dir: Path, budget_bytes: int, uneven: bool = False, mixed: bool = False, op: bool = False
+) -> None:
     model = tiny_gpt(block_size=256, vocab_size=2048) if mixed else tiny_gpt()
-    callback = AutoCheckpoint(budget_gb=budget_bytes / 1e9)
+    op_level = {"granularity": "op", "cost": "flops"} if op else {}
+    callback = AutoCheckpoint(budget_gb=budget_bytes / 1e9, **op_level)
     L.seed_everything(0, verbose=False)
-    trainer = ddp_trainer(callback, max_steps=STEPS, use_distributed_sampler=not (uneven or mixed))
+    spy = PolicySpy()
+    trainer = ddp_trainer(callback, STEPS, spy, use_distributed_sampler=not (uneven or mixed))
     loader = UnevenTokens() if uneven else token_loader(batch_size=BATCH, num_batches=2 * STEPS)
     loader = MixedShapes() if mixed else loader
     try:
@@ -119,6 +141,7 @@ def capped(out_dir: Path, budget_bytes: int, uneven: bool = False, mixed: bool =
         "callback_budget_bytes": callback.budget_bytes,
         "global_step": trainer.global_step,
         "peak_bytes": cap.peak_bytes,
+        "policies": spy.policies,
     }
     (out_dir / f"facts{trainer.global_rank}.json").write_text(json.dumps(facts))
     (out_dir / f"flag{trainer.global_rank}.txt").write_text("ok")
@@ -128,6 +151,6 @@ if __name__ == "__main__":
     if sys.argv[2] == "probe":
         probe(Path(sys.argv[1]))
     else:
-        capped(
-            Path(sys.argv[1]), int(sys.argv[3]), uneven=sys.argv[2] == "uneven", mixed=sys.argv[2] == "mixed"
-        )
+        mode = sys.argv[2]
+        uneven, op = mode in ("uneven", "op-uneven"), mode in ("op", "op-uneven")
+        capped(Path(sys.argv[1]), int(sys.argv[3]), uneven, mode == "mixed", op)

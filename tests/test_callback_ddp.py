@@ -94,3 +94,34 @@ def test_ddp_plan_fits_every_rank_not_only_the_heaviest_unchecked_one(tmp_path):
     }
     assert report == {0: "ok", 1: "ok"}, f"{report}\n" + result.stdout[-3000:] + result.stderr[-3000:]
     _assert_one_plan_within_budget(tmp_path, budget_bytes)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_ddp_op_level_plans_are_one_plan_on_every_rank_within_a_device_of_the_budget(tmp_path):
+    """Op level on 2 DDP ranks, each inside `memory_cap(budget)`: rank 0's options and times, the
+    heaviest rank's plan, the same selective policies applied on both, no rank over, within 2%; with
+    batches of other shapes on each rank (``op-uneven``), each rank checks the plan on its own."""
+    probe = _run_capped(tmp_path, "probe")
+    assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-3000:]
+    bounds = json.loads((tmp_path / "bounds.json").read_text())
+    budget_bytes = int(bounds["minimum"] + 0.3 * (bounds["unchecked"] - bounds["minimum"]))
+    while int(budget_bytes / 1e9 * 1e9) != budget_bytes:  # budget_gb must give back exactly the cap
+        budget_bytes += 1
+    for mode in ("op", "op-uneven"):
+        result = _run_capped(tmp_path, mode, str(budget_bytes))
+        assert result.returncode == 0, mode + result.stdout[-3000:] + result.stderr[-3000:]
+        plans = [json.loads((tmp_path / f"plan{rank}.json").read_text()) for rank in (0, 1)]
+        facts = [json.loads((tmp_path / f"facts{rank}.json").read_text()) for rank in (0, 1)]
+        assert facts[0]["policies"] == facts[1]["policies"] and facts[0]["policies"], mode
+        for rank in (0, 1):
+            measured = facts[rank]["peak_bytes"]
+            assert measured <= budget_bytes and facts[rank]["global_step"] == 4, (mode, rank)
+        if mode == "op":  # one plan, the same on both ranks, and what was applied
+            selective = {item["name"]: item["saved_ops"] for item in plans[0]["items"] if item["saved_ops"]}
+            assert plans[0] == plans[1] and facts[0]["policies"] == selective
+            for rank in (0, 1):
+                measured = facts[rank]["peak_bytes"]
+                assert abs(plans[rank]["predicted_peak_bytes"] - measured) <= 0.02 * measured, (
+                    rank,
+                    measured,
+                )

@@ -13,6 +13,7 @@ import pytest
 import torch
 from callback_helpers import assert_within_two_percent, fast_trainer, fit, tiny_gpt, token_loader
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from test_budget_promise import exact_budget
 
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
@@ -186,11 +187,17 @@ def test_op_level_training_gives_the_plain_parameters_with_dropout(gpt_form):
     pytest.fail("no budget gave a plan with selective blocks")
 
 
-def test_op_level_is_refused_on_several_devices():
+def test_op_level_is_refused_with_a_sharding_strategy_and_allowed_with_ddp():
     config = AutoCheckpoint(budget_gb=1, granularity="op").config
-    with pytest.raises(ValueError, match="`granularity` must be 'block' on more than one device"):
-        check_granularity(types.SimpleNamespace(world_size=2), config)
-    check_granularity(types.SimpleNamespace(world_size=2), dataclasses.replace(config, granularity="block"))
+    sharded = types.SimpleNamespace(world_size=2, strategy=ModelParallelStrategy())
+    with pytest.raises(
+        ValueError,
+        match="`granularity` must be 'block' with a sharding strategy.*"
+        "got 'op' with ModelParallelStrategy on 2 devices",
+    ):
+        check_granularity(sharded, config)
+    check_granularity(sharded, dataclasses.replace(config, granularity="block"))
+    check_granularity(types.SimpleNamespace(world_size=2, strategy=DDPStrategy()), config)
 
 
 def _saved_plan(**item_fields) -> dict:
@@ -215,6 +222,10 @@ def _saved_plan(**item_fields) -> dict:
         ({"option": "sdpa", "option_seconds": 0.2}, r"selective option 'sdpa' but no `saved_ops`"),
         ({"option": "sdpa", "saved_ops": [["aten.mm.default", -1]]}, r"`saved_ops` must be a list of \[op"),
         ({"option_seconds": float("nan")}, r"`option_seconds` must be None or a finite number of seconds"),
+        (
+            {"option": "mm", "saved_ops": [["aten.mm.default", 0], ["aten.mm.default", 0]]},
+            r"item 'h.0' names an op call twice in `saved_ops`",
+        ),
     ],
 )
 def test_a_saved_op_level_plan_is_checked_field_by_field(fields, match):
@@ -227,3 +238,39 @@ def test_a_saved_op_level_plan_round_trips_its_option_through_plain_lists():
     plan = CheckpointPlan.from_dict(data)
     assert plan.selective == ("h.0",) and plan.items[0].saved_ops == (("aten.mm.default", 0),)
     assert CheckpointPlan.from_dict(plan.to_dict()) == plan and "sdpa (1 op saved)" in str(plan)
+
+
+class _TwoRanks:
+    """Rank 0 of two, the other rank's side scripted: a lighter step, and its excess over the budget
+    under each plan broadcast (what ``max_over_ranks`` sees from it)."""
+
+    def __init__(self, other_excess: list[int]) -> None:
+        self.world_size, self.global_rank, self.other_excess = 2, 0, list(other_excess)
+        self.strategy = self
+        self.root_device = torch.device("cpu")
+
+    def all_gather(self, tensor):
+        return torch.stack([tensor, torch.zeros_like(tensor)])
+
+    def broadcast(self, obj, src):
+        assert src == 0, "the heavier rank 0 plans"
+        return obj
+
+    def reduce(self, tensor, reduce_op):
+        return torch.maximum(tensor, torch.tensor(self.other_excess.pop(0), dtype=tensor.dtype))
+
+
+def test_op_level_across_ranks_plans_again_with_the_other_ranks_excess_taken_off(gpt_form):
+    from lightning_ckpt.lightning.granularity import decide_op_plan
+
+    profile, peak, _ = gpt_form
+    low, high = fixed_peak_bytes(profile), peak.peak_bytes([])
+    budget = int(low + 0.5 * (high - low))
+    config = AutoCheckpoint(budget_gb=budget / 1e9, cost="flops", granularity="op").config
+    alone = decide_op_plan(_TwoRanks([0]), profile, config, (), {}, budget)
+    excess = budget - alone.predicted_peak_bytes + 1000  # the other rank reports it under the first plan
+    trainer = _TwoRanks([excess, 0])
+    plan = decide_op_plan(trainer, profile, config, (), {}, budget)
+    assert not trainer.other_excess, "two rounds: planned again once"
+    assert plan.budget_bytes == budget and plan.predicted_peak_bytes <= budget - excess
+    assert len(plan.checkpointed) > len(alone.checkpointed)

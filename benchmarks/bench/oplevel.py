@@ -4,7 +4,7 @@ arrangements, side by side in one run (issue 24, item 5).
 For each model (the example GPT at ``configs/gpt-cpu.yaml``'s sizes, and a 6-block GPT of n_embd 384),
 the step is profiled once as the callback profiles it (a one-step Lightning fit) and one block's
 options are measured once (:func:`~lightning_ckpt.core.selective.costs.option_costs`; the blocks are
-alike). At 4 budgets between the least any plan reaches and the peak with nothing checkpointed it
+alike; on the clock a fit uses, CPU time on a CPU). At 4 budgets between the least any plan reaches and the peak with nothing checkpointed it
 plans the op level (``granularity="op"``) and the block level, and takes the best hand arrangement of
 whole blocks (checkpoint the first, last or evenly spaced k blocks: the fewest predicted to fit, least
 recompute first) and the uniform SAC policies (every block under SDPA only, SDPA + all matmuls, SDPA +
@@ -36,6 +36,7 @@ from lightning_ckpt import AutoCheckpoint
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.selective import apply_selective_checkpointing
 from lightning_ckpt.core.selective.costs import OptionCost, option_costs
+from lightning_ckpt.core.selective.measure import device_clock
 from lightning_ckpt.core.selective.options import profile_block
 from lightning_ckpt.core.selective.policy import SelectivePolicy
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
@@ -103,7 +104,7 @@ def _block_costs(model: GPT, idx: torch.Tensor) -> list[OptionCost]:
     handle.remove()
     x = caught["x"].detach().clone().requires_grad_(True)
     block = model.transformer.h[0]
-    return option_costs(block, (x,), profile_block(block, x, repeats=3))
+    return option_costs(block, (x,), profile_block(block, x, repeats=3, clock=device_clock(block)))
 
 
 def _predict(form, profile, costs: list[OptionCost], arrangement: dict) -> int:

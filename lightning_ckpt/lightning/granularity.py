@@ -1,9 +1,12 @@
-"""What ``granularity`` changes in a fit: op level measures each candidate's options and plans them on
-one device (:mod:`lightning_ckpt.lightning.op_options`, :func:`~lightning_ckpt.planning.op_plan.make_op_plan`);
-block level plans across ranks (:func:`~lightning_ckpt.lightning.ranks.decide_plan`)."""
+"""What ``granularity`` changes in a fit: op level measures each candidate's options
+(:mod:`lightning_ckpt.lightning.op_options`) and plans them
+(:func:`~lightning_ckpt.planning.op_plan.make_op_plan`); block level plans with
+:func:`~lightning_ckpt.lightning.ranks.decide_plan`. Both give every rank the same plan: the heaviest rank
+plans and broadcasts, and each rank checks the plan on its own batch."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,27 +14,42 @@ import lightning.pytorch as pl
 
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.lightning.op_options import options_in_fit
-from lightning_ckpt.lightning.ranks import decide_plan
+from lightning_ckpt.lightning.op_options import options_in_fit, saved_options_in_fit
+from lightning_ckpt.lightning.ranks import broadcast_plan, decide_plan, heaviest_rank, max_over_ranks
 from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, pad_batch
 from lightning_ckpt.planning import BudgetTooSmallError
-from lightning_ckpt.planning.op_plan import make_op_plan
+from lightning_ckpt.planning.op_plan import make_op_plan, op_plan_peak_bytes
+from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan
+from lightning_ckpt.units import BYTES_PER_GB
 
-__all__ = ["OptionBook", "check_granularity", "decide_at_granularity", "options_at_shapes"]
+__all__ = [
+    "OptionBook",
+    "check_granularity",
+    "decide_at_granularity",
+    "decide_op_plan",
+    "options_at_shapes",
+]
 
 
 def check_granularity(trainer: pl.Trainer, config: AutoCheckpointConfig) -> None:
-    """Refuse op level on more than one device (its plans are not yet shared across ranks).
+    """Refuse op level where it is not verified: more than one device under any strategy but DDP (FSDP,
+    FSDP2 and DeepSpeed shard the model; a sharded block's options would be timed with collectives on
+    rank 0 alone and sized on a fake twin of sharded parameters).
 
     Raises:
         ValueError: naming ``granularity``, what is allowed and what was given.
     """
-    if config.granularity == "op" and trainer.world_size > 1:
+    strategy = type(trainer.strategy).__name__
+    if config.granularity == "op" and trainer.world_size > 1 and strategy not in _OP_STRATEGIES:
         raise ValueError(
-            "`granularity` must be 'block' on more than one device (op-level plans are not yet"
-            f" shared across ranks), got 'op' with world size {trainer.world_size}"
+            "`granularity` must be 'block' with a sharding strategy (op level runs on one device or"
+            f" with DDP), got 'op' with {strategy} on {trainer.world_size} devices"
         )
+
+
+_OP_STRATEGIES = frozenset({"DDPStrategy", "SingleDeviceStrategy"})
+"""Strategies op level runs under with several devices (the model whole on every rank)."""
 
 
 def options_at_shapes(
@@ -63,12 +81,52 @@ def decide_at_granularity(
     if config.granularity == "block":
         return decide_plan(trainer, profile, config, shapes, budget_bytes)
     budget = config.budget_bytes if budget_bytes is None else budget_bytes
+    if trainer.world_size > 1:
+        return decide_op_plan(trainer, profile, config, shapes, options, budget)
     try:
         return make_op_plan(profile, options, budget, config)
     except BudgetTooSmallError as error:
         raise BudgetTooSmallError(
             error.budget_bytes, error.minimum_bytes, error.num_candidates, [s for s, _ in shapes]
         ) from None
+
+
+def decide_op_plan(
+    trainer: pl.Trainer,
+    profile: StepProfile,
+    config: AutoCheckpointConfig,
+    shapes: BatchShapes,
+    options: Mapping[str, Any],
+    budget_bytes: int,
+) -> CheckpointPlan:
+    """One op-level plan for every rank, checked against every rank's own batch (a collective).
+
+    The options are the same policies at the same seconds on every rank (rank 0's times, each rank's
+    own bytes: :func:`~lightning_ckpt.lightning.op_options.options_in_fit`). The rank with the heaviest
+    step (nothing checkpointed) plans and broadcasts; each rank predicts the plan on its own batch. While
+    one is over, the planning rank plans again with the largest excess taken off its room (at most one
+    round per rank); then the block-level plan across ranks, with a note.
+
+    Raises:
+        BudgetTooSmallError: naming the batch ``shapes`` and the smallest budget that works for them.
+    """
+    src = heaviest_rank(trainer, PeakModel(profile).peak_bytes([]))
+    room = budget_bytes
+    for _ in range(trainer.world_size):
+        try:
+            plan = broadcast_plan(
+                trainer, lambda room=room: make_op_plan(profile, options, room, config), src, shapes
+            )
+        except BudgetTooSmallError:  # the same on every rank: the broadcast carries it
+            break
+        excess = op_plan_peak_bytes(profile, options, plan, config.cost) - budget_bytes
+        worst = max_over_ranks(trainer, excess)
+        if worst <= 0:
+            return dataclasses.replace(plan, budget_bytes=budget_bytes)
+        room -= worst
+    plan = decide_plan(trainer, profile, config, shapes, budget_bytes)
+    note = "op level: no op-level plan fitted every rank's batch; planned by block"
+    return dataclasses.replace(plan, notes=(*plan.notes, note))
 
 
 class OptionBook:
@@ -79,8 +137,10 @@ class OptionBook:
         self.options: dict[BatchShapes, dict[str, Any]] = {}
 
     def measure(self, trainer, pl_module, batch, batch_idx: int, candidates, shapes: BatchShapes) -> None:
-        """Op level: each candidate's options at ``shapes``, measured once (block level: nothing)."""
-        if self.config.granularity == "op" and shapes not in self.options:
+        """Op level: each candidate's options at ``shapes``, measured once on one device (block level:
+        nothing). On several devices it is a collective, run whenever it is called: another rank may
+        need new options where this one has them."""
+        if self.config.granularity == "op" and (trainer.world_size > 1 or shapes not in self.options):
             self.options[shapes] = options_at_shapes(trainer, pl_module, batch, batch_idx, candidates, shapes)
 
     def decide(
@@ -89,3 +149,20 @@ class OptionBook:
         """:func:`decide_at_granularity` with the options measured at ``shapes``."""
         options = self.options.get(shapes, {})
         return decide_at_granularity(trainer, profile, self.config, shapes, options, budget_bytes)
+
+    def check_saved(
+        self, trainer, pl_module, batch, batch_idx: int, plan: CheckpointPlan, profile: StepProfile
+    ) -> tuple[str | None, CheckpointPlan]:
+        """A saved selective ``plan`` (a resume) against a fresh ``profile`` of the batch: why it must not
+        be applied (its saved op calls no longer match the model, or its predicted peak is over the
+        budget), or ``None`` and the plan with its fresh prediction, its peak not measured yet."""
+        measured, problem = saved_options_in_fit(trainer, pl_module, batch, batch_idx, plan)
+        if problem:
+            return problem, plan
+        peak_bytes = op_plan_peak_bytes(profile, measured, plan, self.config.cost)
+        if peak_bytes > self.config.budget_bytes:
+            return (
+                f"a fresh profile predicts {peak_bytes / BYTES_PER_GB:.4f} GB for it, over the budget of"
+                f" {self.config.budget_bytes / BYTES_PER_GB:.4f} GB"
+            ), plan
+        return None, dataclasses.replace(plan, predicted_peak_bytes=peak_bytes, measured_peak_bytes=None)

@@ -8,6 +8,11 @@ one block's forward and backward, within any budget the step fits at all (the fi
 checkpointed block's whole recomputation). Times are shares of the block's forward (the step's own
 recompute time of each block scales them) plus eager SAC's overhead, measured. Gradients, buffers and
 RNG streams are restored afterwards, as for the step's profile.
+
+On several devices only rank 0 times its blocks; it broadcasts each candidate's options and times
+(:class:`~lightning_ckpt.core.selective.costs.OptionTimes`, plain data), and every rank sizes those same
+options on its own batch (a fake twin, nothing allocated): every rank weighs the same policies at the
+same seconds, each with its own bytes. It is a collective: every rank calls it at the same step.
 """
 
 from __future__ import annotations
@@ -20,25 +25,41 @@ import lightning.pytorch as pl
 import torch
 import torch.nn as nn
 
-from lightning_ckpt._compat import tree_leaves
+from lightning_ckpt._compat import tree_flatten, tree_leaves, tree_unflatten
+from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.names import resolve_modules
-from lightning_ckpt.core.selective.costs import OptionCost, option_costs
-from lightning_ckpt.core.selective.options import profile_block
+from lightning_ckpt.core.selective.costs import OptionCost, OptionTimes, option_costs, option_times
+from lightning_ckpt.core.selective.measure import device_clock
+from lightning_ckpt.core.selective.ops import record_ops
+from lightning_ckpt.core.selective.options import BlockOption, profile_block
+from lightning_ckpt.core.selective.policy import SelectivePolicy
 from lightning_ckpt.core.wrapping import checkpointing_removed
 from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
+from lightning_ckpt.planning.plan import CheckpointPlan
 
-__all__ = ["options_in_fit"]
+__all__ = ["options_in_fit", "saved_options_in_fit"]
 
 
 class _Called(nn.Module):
-    """``block`` called with fixed keyword arguments (a policy's op counts see only its own ops)."""
+    """``block`` called with its keyword arguments' tensors passed positionally after its own inputs
+    (so that a fake twin's run sees them fake, as it sees the inputs), the rest of them fixed; a policy's
+    op counts see only the block's own ops."""
 
-    def __init__(self, block: nn.Module, kwargs: dict[str, Any]) -> None:
+    def __init__(self, block: nn.Module, num_args: int, kwargs: dict[str, Any]) -> None:
         super().__init__()
-        self.block, self.kwargs = block, kwargs
+        self.block, self.num_args = block, num_args
+        self.leaves, self.spec = tree_flatten(kwargs)
+        self.tensor_at = [i for i, leaf in enumerate(self.leaves) if isinstance(leaf, torch.Tensor)]
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """The keyword arguments' tensors, in the order :meth:`forward` takes them after the inputs."""
+        return tuple(self.leaves[i] for i in self.tensor_at)
 
     def forward(self, *args: Any) -> Any:
-        return self.block(*args, **self.kwargs)
+        leaves = list(self.leaves)
+        for i, tensor in zip(self.tensor_at, args[self.num_args :], strict=True):
+            leaves[i] = tensor
+        return self.block(*args[: self.num_args], **tree_unflatten(leaves, self.spec))
 
 
 def _signature(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
@@ -89,21 +110,111 @@ def options_in_fit(
         no_gradient_sync(trainer),
     ):
         signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, candidates)
+        times = _rank_zero_times(trainer, modules, signatures, first)
         measured = {
-            signature: _measured(trainer, modules[name], args, kwargs)
+            signature: _sized(trainer, modules[name], args, kwargs, times[name])
+            for signature, (name, args, kwargs) in first.items()
+            if name in times
+        }
+    return {name: measured[signature] for name, signature in signatures.items() if signature in measured}
+
+
+def _rank_zero_times(
+    trainer: pl.Trainer,
+    modules: dict[str, nn.Module],
+    signatures: dict[str, tuple],
+    first: dict[tuple, tuple[str, tuple, dict]],
+) -> dict[str, OptionTimes]:
+    """Candidate name -> its options and times, measured on rank 0 (broadcast on several devices)."""
+    times: dict[str, OptionTimes] = {}
+    if trainer.global_rank == 0:
+        by_signature = {
+            signature: _timed(trainer, modules[name], args, kwargs)
             for signature, (name, args, kwargs) in first.items()
         }
-    return {name: measured[signature] for name, signature in signatures.items()}
+        times = {name: by_signature[signature] for name, signature in signatures.items()}
+    if trainer.world_size > 1:
+        times = trainer.strategy.broadcast(times, src=0)
+    return times
 
 
-def _measured(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> list[OptionCost]:
-    """One block's options, its floating inputs requiring gradients as in training, under the step's
-    precision context."""
+def _prepared(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict):
+    """The block as called in the step with all its tensors as positional inputs, its own floating
+    inputs requiring gradients as in training, and the step's precision context."""
     args = tuple(
         a.requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
     )
-    called = _Called(block, kwargs) if kwargs else block
     context = getattr(trainer.precision_plugin, "train_step_context", contextlib.nullcontext)
-    with context():
-        profile = profile_block(called, *args, repeats=3)
-        return option_costs(called, args, profile)
+    if not kwargs:
+        return block, args, context()
+    called = _Called(block, len(args), kwargs)
+    return called, (*args, *called.inputs()), context()
+
+
+def _timed(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> OptionTimes:
+    """One block's options and their times, measured on real tensors."""
+    called, args, context = _prepared(trainer, block, args, kwargs)
+    with context:
+        return option_times(profile_block(called, *args, repeats=3, clock=device_clock(block)))
+
+
+def _sized(
+    trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict, times: OptionTimes
+) -> list[OptionCost]:
+    """The options of ``times`` sized on this rank's inputs (a fake twin)."""
+    called, args, context = _prepared(trainer, block, args, kwargs)
+    with context:
+        return option_costs(called, args, times)
+
+
+def saved_options_in_fit(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, plan: CheckpointPlan
+) -> tuple[dict[str, list[OptionCost]], str | None]:
+    """A saved op-level plan's own options sized on ``batch`` (a resume: nothing timed, nothing
+    allocated), or why they cannot be: a saved op call that is not a savable call of its block's forward
+    now (the model's code changed). Not a collective: each rank sizes its own."""
+    names = [item.name for item in plan.items]
+    saved = {item.name: (item.option, tuple(item.saved_ops)) for item in plan.items if item.saved_ops}
+    with (
+        checkpointing_removed(pl_module),
+        untouched_training_state(pl_module),
+        no_gradient_sync(trainer),
+    ):
+        signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, names)
+        modules = resolve_modules(pl_module, names, argument="candidates")
+        measured = {}
+        for signature, (name, args, kwargs) in first.items():
+            wanted = {saved[n] for n, s in signatures.items() if s == signature and n in saved}
+            if not wanted:
+                continue
+            called, args, context = _prepared(trainer, modules[name], args, kwargs)
+            with context:
+                problem = _unmatched_calls(called, args, wanted, name)
+                if problem:
+                    return {}, problem
+                measured[signature] = option_costs(called, args, _saved_times(wanted))
+    return {n: measured[s] for n, s in signatures.items() if s in measured}, None
+
+
+def _unmatched_calls(block: nn.Module, args: tuple, wanted: set, name: str) -> str | None:
+    """Why the saved op calls ``wanted`` do not name savable calls of ``block``'s forward (a fake run)."""
+    with fake_model(block) as fake:
+        savable = {call.key for call in record_ops(block, *fake.fake(args), repeats=1) if call.savable}
+    for option, calls in sorted(wanted):
+        missing = [call for call in calls if tuple(call) not in savable]
+        if missing:
+            return (
+                f"its saved op calls no longer match the model: {name}'s option {option!r} saves"
+                f" {tuple(missing[0])}, which is not a savable call of its forward now"
+            )
+    return None
+
+
+def _saved_times(wanted: set) -> OptionTimes:
+    """Keep, full checkpoint and the saved selective options, untimed (a resume checks their bytes)."""
+    selective = [
+        BlockOption(f"{option} [{k}]", "selective", 0, 0.0, 0, SelectivePolicy(frozenset(calls)))
+        for k, (option, calls) in enumerate(sorted(wanted))
+    ]
+    keep = BlockOption("keep", "keep", 0, 0.0, 0)
+    return OptionTimes((keep, *selective, BlockOption("checkpoint", "checkpoint", 0, 0.0, 0)), 0.0, 0.0)

@@ -5,6 +5,7 @@ the small collectives every rank takes its decisions with (any rank, the heavies
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import lightning.pytorch as pl
 import torch
@@ -16,7 +17,7 @@ from lightning_ckpt.planning import BudgetTooSmallError, make_plan
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan
 
-__all__ = ["any_rank", "decide_plan", "heaviest_rank", "log_metrics", "max_over_ranks"]
+__all__ = ["any_rank", "broadcast_plan", "decide_plan", "heaviest_rank", "log_metrics", "max_over_ranks"]
 
 
 def decide_plan(
@@ -69,9 +70,25 @@ def _broadcast_plan(
     must: tuple[str, ...],
 ) -> CheckpointPlan:
     """Plan on rank ``src`` (checkpointing at least ``must``) and broadcast the plan."""
+
+    def plan() -> CheckpointPlan:
+        return _with_checkpointed(peak, profile, make_plan(profile, budget_bytes, config, peak=peak), must)
+
+    return broadcast_plan(trainer, plan, src, shapes)
+
+
+def broadcast_plan(
+    trainer: pl.Trainer, plan_fn: Callable[[], CheckpointPlan], src: int, shapes: BatchShapes
+) -> CheckpointPlan:
+    """``plan_fn()`` run on rank ``src``, its plan (or its failure) broadcast: every rank returns the
+    same plan or raises the same error.
+
+    Raises:
+        BudgetTooSmallError: when ``plan_fn`` raised it on ``src`` (naming the batch ``shapes``).
+    """
     payload, failure = ({}, None)
     if trainer.global_rank == src:
-        payload, failure = _plan_locally(peak, profile, budget_bytes, config, must)
+        payload, failure = _plan_locally(plan_fn)
     payload = trainer.strategy.broadcast(payload, src=src)
     if "too_small" in payload:
         raise BudgetTooSmallError(*payload["too_small"], shapes=[shape for shape, _ in shapes])
@@ -97,16 +114,10 @@ def any_rank(trainer: pl.Trainer, *flags: bool) -> tuple[bool, ...]:
     return tuple(bool(value) for value in trainer.strategy.reduce(tensor, reduce_op="max").tolist())
 
 
-def _plan_locally(
-    peak: PeakModel,
-    profile: StepProfile,
-    budget_bytes: int,
-    config: AutoCheckpointConfig,
-    must: tuple[str, ...] = (),
-) -> tuple[dict, Exception | None]:
+def _plan_locally(plan_fn: Callable[[], CheckpointPlan]) -> tuple[dict, Exception | None]:
     """The plan as plain data for the broadcast, or what made planning fail."""
     try:
-        plan = _with_checkpointed(peak, profile, make_plan(profile, budget_bytes, config, peak=peak), must)
+        plan = plan_fn()
     except BudgetTooSmallError as error:
         return {"too_small": (error.budget_bytes, error.minimum_bytes, error.num_candidates)}, error
     except Exception as error:

@@ -125,8 +125,9 @@ def plan_offline(
 
     Raises:
         BudgetTooSmallError: the budget is below the smallest that works (the message names it).
-        ValueError: bad arguments, no budget anywhere, no data module, a strategy it cannot model
-            (FSDP2 with tensor parallelism), or FSDP2 in a process that has a process group already.
+        ValueError: bad arguments, no budget anywhere, no data module, ``granularity: op`` (op-level
+            options are measured in a fit), a strategy it cannot model (FSDP2 with tensor
+            parallelism), or FSDP2 in a process that has a process group already.
 
     Example:
         >>> result = plan_offline("configs/gpt-cpu.yaml", overrides=["--model.init_args.n_layer", "2"])
@@ -135,6 +136,7 @@ def plan_offline(
     """
     run = load_run_config(config_path, _overrides(overrides, devices, num_nodes))
     settings = _callback_settings(run, budget_gb)
+    _check_granularity(settings)
     if tflops is not None and not _positive(tflops):
         raise ValueError(f"`tflops` must be a positive finite number, got {tflops!r}")
     if run.data is None:
@@ -239,6 +241,17 @@ def _callback_settings(run: RunConfig, budget_gb: float | None) -> AutoCheckpoin
             " budget_gb to the config's trainer.callbacks, got neither"
         )
     return AutoCheckpointConfig(**arguments)
+
+
+def _check_granularity(settings: AutoCheckpointConfig) -> None:
+    """Refuse op level offline: its options are sized on each block's inputs and timed on the device in
+    a fit, which the offline run does not do (yet)."""
+    if settings.granularity != "block":
+        raise ValueError(
+            "`granularity` must be 'block' to plan offline (op-level options are measured in a fit, on the"
+            " device; the block-level plan bounds op level's recompute at the same budget): set"
+            f" granularity: block or leave it out, got {settings.granularity!r}"
+        )
 
 
 def _notes(run: RunConfig) -> tuple[str, ...]:

@@ -24,6 +24,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.profile_types import Cost, ModuleProfile, StepProfile
 from lightning_ckpt.planning.choices import Option, Solve, choice_peak_bytes, solve_options
@@ -32,14 +34,15 @@ from lightning_ckpt.planning.make import make_plan
 from lightning_ckpt.planning.nested import PrefixForm, prefix_form
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan, PlanItem
+from lightning_ckpt.planning.points import PeakPoint
 
-__all__ = ["candidate_options", "make_op_plan"]
+__all__ = ["candidate_options", "make_op_plan", "op_form", "op_plan_peak_bytes"]
 
 _DEFAULT_CONFIG = AutoCheckpointConfig(budget_gb=1.0, granularity="op")
 
 
 def candidate_options(
-    module: ModuleProfile, weight_bytes: int, measured: Sequence[Any], cost: Cost
+    module: ModuleProfile, weight_bytes: int, measured: Sequence[Any], cost: Cost, *, prune: bool = True
 ) -> list[Option]:
     """Keep, full checkpoint and the measured selective options of one candidate.
 
@@ -50,6 +53,7 @@ def candidate_options(
             keep's measured bytes, when below ``weight_bytes``, raise every selective option's by the
             difference (what the step holds that the block alone did not).
         cost: ``"time"`` or ``"flops"``.
+        prune: leave out the selective options another option beats on every count.
     """
     full = float(module.recompute_seconds if cost == "time" else module.flops)
     options = [
@@ -73,7 +77,7 @@ def candidate_options(
                 max(getattr(c, "output_bytes", 0), getattr(c, "forward_extra_bytes", 0)),
             )
         )
-    return _undominated(options)
+    return _undominated(options) if prune else options
 
 
 def _undominated(options: list[Option]) -> list[Option]:
@@ -117,7 +121,7 @@ def make_op_plan(
     """
     config = config or _DEFAULT_CONFIG
     peak = PeakModel(profile)
-    form = prefix_form(peak.points, peak.matrix)
+    form, bound_note = op_form(peak)
     if form is None:
         note = "op level: the peak points are not nested; planned by block"
         return make_plan(profile, budget_bytes, config, notes=(*notes, note), peak=peak)
@@ -128,31 +132,134 @@ def make_op_plan(
     options = _options(profile, form, measured, config.cost)
     start = time.perf_counter()
     everything = [0] * len(options)  # keep is option 0 of every candidate
-    if choice_peak_bytes(form, options, everything) <= budget_bytes:
-        choice, method = everything, "all-fit"
-    else:
-        choice, method = solve_options(
-            form,
-            options,
-            int(budget_bytes),
-            quantum_bytes=config.quantum_bytes,
-            method=config.solver,
-            workers=config.workers,
-            solve=solve,
-        )
+    try:
+        if choice_peak_bytes(form, options, everything) <= budget_bytes:
+            choice, method = everything, "all-fit"
+        else:
+            choice, method = solve_options(
+                form,
+                options,
+                int(budget_bytes),
+                quantum_bytes=config.quantum_bytes,
+                method=config.solver,
+                workers=config.workers,
+                solve=solve,
+            )
+    except ValueError:  # only the bound's extra bytes are over: the exact block-level plan fits
+        choice = None
     solver_seconds = time.perf_counter() - start
     timed = config.cost == "time"
+    if bound_note is not None:
+        block = make_plan(profile, budget_bytes, config, notes=(*notes, bound_note), peak=peak)
+        if choice is None or _block_cost(block, profile, config.cost) <= _choice_cost(options, choice):
+            return block
+        notes = (*notes, bound_note)
     return _plan(profile, form, options, choice, int(budget_bytes), method, solver_seconds, notes, timed)
 
 
+def op_form(peak: PeakModel) -> tuple[PrefixForm | None, str | None]:
+    """The prefix form op-level options are weighed in, and a note when it is an upper bound.
+
+    The step's own points when they are nested. Otherwise a nested bound of them, when one exists: every
+    storage held while any of some candidates is checkpointed (an input they share) counted as held
+    always, and every candidate's weight at a point raised to its largest. It never predicts less than
+    the points do; the note says by how much it may predict more.
+    """
+    form = prefix_form(peak.points, peak.matrix)
+    if form is not None:
+        return form, None
+    keeps = [point.keep_bytes for point in peak.points]
+    weights = np.max(np.stack(keeps), axis=0, initial=0) if keeps else np.zeros(0, dtype=np.int64)
+    if any((keep < 0).any() for keep in keeps):
+        return None, None
+    bound = tuple(
+        PeakPoint(
+            int(point.base_bytes + sum(nbytes for _, nbytes in point.either_bytes)),
+            np.where(point.keep_bytes != 0, weights, 0).astype(np.int64),
+            when=point.when,
+            time=point.time,
+        )
+        for point in peak.points
+    )
+    form = prefix_form(bound)
+    if form is None:
+        return None, None
+    extra = max(_bound_extra(p, b) for p, b in zip(peak.points, bound, strict=True))
+    return form, f"op level: planned on a nested bound of the peak points (at most {extra} B over them)"
+
+
+def _bound_extra(point: PeakPoint, bound: PeakPoint) -> int:
+    """The most ``bound`` may count over ``point`` (every candidate kept)."""
+    return int(bound.base_bytes - point.base_bytes + (bound.keep_bytes - point.keep_bytes).sum())
+
+
+def _choice_cost(options: list[list[Option]], choice: list[int]) -> float:
+    return float(sum(options[i][j].cost for i, j in enumerate(choice)))
+
+
+def _block_cost(plan: CheckpointPlan, profile: StepProfile, cost: Cost) -> float:
+    chosen = set(plan.checkpointed)
+    return float(
+        sum(m.recompute_seconds if cost == "time" else m.flops for m in profile.modules if m.name in chosen)
+    )
+
+
 def _options(
-    profile: StepProfile, form: PrefixForm, measured: Mapping[str, Sequence[Any]], cost: Cost
+    profile: StepProfile,
+    form: PrefixForm,
+    measured: Mapping[str, Sequence[Any]],
+    cost: Cost,
+    prune: bool = True,
 ) -> list[list[Option]]:
     weight = dict(zip(form.order, form.weight_bytes, strict=True))
     return [
-        candidate_options(m, weight.get(i, 0), measured.get(m.name, ()), cost)
+        candidate_options(m, weight.get(i, 0), measured.get(m.name, ()), cost, prune=prune)
         for i, m in enumerate(profile.modules)
     ]
+
+
+def op_plan_peak_bytes(
+    profile: StepProfile, measured: Mapping[str, Sequence[Any]], plan: CheckpointPlan, cost: Cost = "time"
+) -> int:
+    """The predicted peak of ``plan`` (made from the same options on another rank's batch, say) on
+    ``profile``, each candidate under the plan's option sized by ``measured``.
+
+    An option of the plan this profile lacks (a candidate the step here did not call) counts as keep's
+    bytes with the largest transient and extra of this candidate's options: never below any of them.
+
+    Example:
+        >>> from lightning_ckpt.core.profile_types import ModuleProfile, StaticMemory, StepProfile
+        >>> modules = (ModuleProfile("a", 30, 10, 0.1, 0), ModuleProfile("b", 60, 10, 0.3, 0))
+        >>> profile = StepProfile(modules, StaticMemory("cpu", 100, 0, 0, 0), 5, 2)
+        >>> plan = make_op_plan(profile, {}, 200)
+        >>> op_plan_peak_bytes(profile, {}, plan) == plan.predicted_peak_bytes
+        True
+    """
+    peak = PeakModel(profile)
+    form, _ = op_form(peak)
+    if form is None or not plan.selective:
+        return peak.peak_bytes(plan.checkpointed)
+    options = _options(profile, form, measured, cost, prune=False)
+    items = {item.name: item for item in plan.items}
+    checkpointed = set(plan.checkpointed)
+    choice = []
+    for module, group in zip(profile.modules, options, strict=True):
+        item = items.get(module.name)
+        choice.append(_option_index(group, item, module.name in checkpointed))
+    return choice_peak_bytes(form, options, choice)
+
+
+def _option_index(group: list[Option], item: PlanItem | None, checkpointed: bool) -> int:
+    """The index in ``group`` of ``item``'s option (appending a bound when ``group`` lacks it)."""
+    if item is None or not item.saved_ops:
+        return next(j for j, o in enumerate(group) if o.kind == ("checkpoint" if checkpointed else "keep"))
+    for j, option in enumerate(group):
+        if option.kind == "selective" and tuple(option.saved_ops) == tuple(item.saved_ops):
+            return j
+    transient = max(o.transient_bytes for o in group)
+    extra = max(o.skip_extra_bytes for o in group)
+    group.append(Option(item.option, "selective", group[0].held_bytes, transient, 0.0, item.saved_ops, extra))
+    return len(group) - 1
 
 
 def _plan(

@@ -200,7 +200,8 @@ def _measured_problems(plan: dict[str, Any]) -> list[str]:
 
 def _option_problems(plan: dict[str, Any]) -> list[str]:
     """An op-level item's option agrees with the plan's lists: keep is kept; checkpoint and a selective
-    option (one that saves op calls) are checkpointed; a selective option saves at least one call."""
+    option (one that saves op calls) are checkpointed; a selective option saves at least one call, each
+    once. Whether the calls are the model's is checked on a resume, against its forward."""
     checkpointed = set(plan["checkpointed"])
     for item in plan["items"]:
         option, saved = item.get("option", ""), item.get("saved_ops", ())
@@ -215,6 +216,10 @@ def _option_problems(plan: dict[str, Any]) -> list[str]:
         if option not in ("keep", "checkpoint") and not saved:
             return [
                 f"a saved plan's item {item['name']!r} has the selective option {option!r} but no `saved_ops`"
+            ]
+        if len({tuple(call) for call in saved}) != len(saved):
+            return [
+                f"a saved plan's item {item['name']!r} names an op call twice in `saved_ops`: {saved!r:.80}"
             ]
     return []
 

@@ -47,7 +47,26 @@ from lightning_ckpt.core.selective.options import (
 from lightning_ckpt.core.selective.policy import SelectivePolicy
 from lightning_ckpt.core.storage import LiveStorageTracker, unique_storage_bytes
 
-__all__ = ["OptionCost", "option_costs"]
+__all__ = ["OptionCost", "OptionTimes", "option_costs", "option_times"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionTimes:
+    """A block's options and the times that price them: what one rank measures and every rank uses.
+
+    Plain picklable data (no tensors): on several devices rank 0 measures it and broadcasts it, and each
+    rank sizes these same options on its own batch, so every rank weighs the same policies at the same
+    seconds.
+
+    Attributes:
+        options: keep, the selective candidates and full checkpoint (:func:`option_times`).
+        forward_seconds: the block's measured forward.
+        sac_overhead_seconds: eager SAC's measured cost per call.
+    """
+
+    options: tuple[BlockOption, ...]
+    forward_seconds: float
+    sac_overhead_seconds: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,24 +109,36 @@ class OptionCost:
         return tuple(sorted(self.policy.saved)) if self.policy else ()
 
 
+def option_times(profile: BlockOpProfile, *, max_prefixes: int = 4) -> OptionTimes:
+    """The block's options to size (keep first, full checkpoint last) with the times that price them.
+
+    Raises:
+        ValueError: if ``max_prefixes`` is not a positive integer.
+    """
+    options = tuple(_candidates(profile, max_prefixes))
+    return OptionTimes(options, profile.forward_seconds, profile.sac_overhead_seconds)
+
+
 def option_costs(
-    block: nn.Module, args: Sequence[Any], profile: BlockOpProfile, *, max_prefixes: int = 4
+    block: nn.Module, args: Sequence[Any], profile: BlockOpProfile | OptionTimes, *, max_prefixes: int = 4
 ) -> list[OptionCost]:
     """Each option of the block with its measured bytes, keep first, full checkpoint last.
 
     Args:
-        block: the module (real tensors; random numbers are consumed, parameter gradients untouched).
+        block: the module (its fake twin is run: nothing allocated, parameter gradients untouched).
         args: its positional inputs (floating tensors should require gradients, as in training).
-        profile: the block's :func:`~lightning_ckpt.core.selective.options.profile_block` record.
-        max_prefixes: ratio-sorted prefixes to try besides the named rules.
+        profile: the block's :func:`~lightning_ckpt.core.selective.options.profile_block` record, or
+            :func:`option_times` of it (measured on another rank: the same options are sized here).
+        max_prefixes: ratio-sorted prefixes to try besides the named rules (with a profile).
     """
-    options = _candidates(profile, max_prefixes)
+    times = profile if isinstance(profile, OptionTimes) else option_times(profile, max_prefixes=max_prefixes)
+    options = times.options
     with fake_model(block) as fake:  # on a fake twin: nothing allocated
         fake_args = fake.fake(tuple(args))
         measured = {option.name: _memory(block, fake_args, option) for option in options}
     keep_peak = sum(measured["keep"][:2])
     full_forward = measured["checkpoint"][3]
-    costs = [_cost(option, profile, *measured[option.name][:3], keep_peak) for option in options]
+    costs = [_cost(option, times, *measured[option.name][:3], keep_peak) for option in options]
     return [
         dataclasses.replace(c, forward_extra_bytes=max(0, measured[c.name][3] - full_forward))
         if c.kind == "selective"
@@ -131,7 +162,7 @@ def _candidates(profile: BlockOpProfile, max_prefixes: int) -> list[BlockOption]
 
 
 def _cost(
-    option: BlockOption, profile: BlockOpProfile, held: int, peak: int, output: int, keep_peak: int
+    option: BlockOption, profile: OptionTimes, held: int, peak: int, output: int, keep_peak: int
 ) -> OptionCost:
     """``held`` and ``peak`` as :func:`_memory` gives them; ``keep_peak``: the kept block's backward peak
     counted from before its forward (its held bytes and its backward's rise)."""

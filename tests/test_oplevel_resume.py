@@ -1,0 +1,71 @@
+"""A saved op-level plan on a resume (issue 24): the same options and saved op calls back, checked on
+a fresh profile (sized again, not timed) under a cap equal to the budget, predicted within 2%; a plan
+whose saved op calls the model no longer makes is refused with a line saying why, and planned anew."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from callback_helpers import assert_within_two_percent
+from lightning.pytorch.callbacks import ModelCheckpoint
+from test_budget_promise import bounds, capped_fit, exact_budget, loader
+
+from lightning_ckpt import AutoCheckpoint
+
+GB = 1e9
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """An op-level fit (FLOP-priced: selective options are chosen) checkpointed after 2 steps."""
+    low, high = bounds(32)
+    budget = exact_budget(int(low + 0.2 * (high - low)))
+    tmp_path = tmp_path_factory.mktemp("oplevel_resume")
+    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    first = AutoCheckpoint(budget_gb=budget / GB, cost="flops", granularity="op")
+    capped_fit(budget, [first, saver], loader((32,) * 2), 2, enable_checkpointing=True)
+    assert first.plan.selective, "the first fit's plan must have selective blocks"
+    return budget, first.plan, next(tmp_path.glob("*step=2.ckpt"))
+
+
+@pytest.fixture
+def info_logs(caplog):
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero")
+    return caplog
+
+
+def _options(plan):
+    return [(item.name, item.option, item.saved_ops) for item in plan.items]
+
+
+def test_a_resumed_op_level_plan_comes_back_whole_and_holds_a_cap_equal_to_the_budget(saved, info_logs):
+    budget, plan, ckpt = saved
+    second = AutoCheckpoint(budget_gb=budget / GB, cost="flops", granularity="op")
+    capped_fit(budget, [second], loader((32,) * 4), 4, ckpt_path=ckpt)
+    resumed = second.plan
+    assert _options(resumed) == _options(plan) and resumed.selective == plan.selective
+    assert "holds on a fresh profile" in info_logs.text and "planning anew" not in info_logs.text
+    assert resumed.predicted_peak_bytes == plan.predicted_peak_bytes <= budget
+    assert resumed.measured_peak_bytes <= budget
+    assert_within_two_percent(resumed.predicted_peak_bytes, resumed.measured_peak_bytes, "resumed op plan")
+
+
+def test_a_saved_plan_whose_op_calls_the_model_no_longer_makes_is_refused(saved, info_logs, tmp_path):
+    budget, plan, ckpt = saved
+    state = torch.load(ckpt, weights_only=False)
+    (key,) = [k for k in state["callbacks"] if k.startswith("AutoCheckpoint")]
+    for _, data in state["callbacks"][key]["plans"]:
+        for item in data["items"]:
+            if item["saved_ops"]:
+                item["saved_ops"] = [*item["saved_ops"], ["aten.addmm.default", 99]]
+    edited = tmp_path / "edited.ckpt"
+    torch.save(state, edited)
+    second = AutoCheckpoint(budget_gb=budget / GB, cost="flops", granularity="op")
+    capped_fit(budget, [second], loader((32,) * 4), 4, ckpt_path=edited)
+    assert "its saved op calls no longer match the model" in info_logs.text
+    assert "('aten.addmm.default', 99), which is not a savable call of its forward now" in info_logs.text
+    assert ["aten.addmm.default", 99] not in [list(c) for i in second.plan.items for c in i.saved_ops]
+    assert second.plan.measured_peak_bytes <= budget
