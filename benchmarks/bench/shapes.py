@@ -148,26 +148,6 @@ def _trainer(callbacks: list, steps: int) -> L.Trainer:
     )
 
 
-@contextlib.contextmanager
-def counted_profiles() -> Iterator[list[float]]:
-    """The CPU seconds of each profile the callback makes inside the block."""
-    spent: list[float] = []
-    real = callback_module.profile_in_fit
-
-    def counted(*args, **kwargs):
-        start = time.process_time()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            spent.append(time.process_time() - start)
-
-    callback_module.profile_in_fit = counted
-    try:
-        yield spent
-    finally:
-        callback_module.profile_in_fit = real
-
-
 def timed_fit(
     make: Callable[[], L.LightningModule], batches: list, checkpointed: list[str] | None, callbacks: list
 ) -> RunResult:
@@ -353,14 +333,15 @@ def first_plan_cost(args: argparse.Namespace) -> str:
     make = lambda: GPT(block_size=128, n_layer=8, n_head=4, n_embd=128, dropout=0.0)  # noqa: E731
     callback = AutoCheckpoint(budget_gb=0.12)
     auto_steps = StepSeconds(planning=callback)
-    with counted_profiles() as spent:
+    with timed_calls(_PARTS) as parts:
         auto = timed_fit(make, batches, None, [callback, auto_steps])
     plain_steps = StepSeconds()
     plain = timed_fit(make, batches, None, [plain_steps])
     step_s, planning_s = statistics.median(plain_steps.steps), auto_steps.planning[0]
+    first = ", ".join(f"{name.strip()} {calls[0]:.3f}" for name, calls in parts.items() if calls)
     return (
-        f"example GPT (8 blocks, 16 x 128, budget 0.12 GB), CPU time: first plan {planning_s:.3f} s (its profile"
-        f" {spent[0]:.3f} s), median training step {step_s:.3f} s without the callback: {planning_s / step_s:.2f}"
+        f"example GPT (8 blocks, 16 x 128, budget 0.12 GB), CPU time: first plan {planning_s:.3f} s"
+        f" ({first}), median training step {step_s:.3f} s without the callback: {planning_s / step_s:.2f}"
         f" steps; median step with the plan ({len(callback.plan.checkpointed)} of 8 checkpointed)"
         f" {statistics.median(auto_steps.steps):.3f} s; the fit with the callback {auto.cpu_s:.2f} s, without"
         f" {plain.cpu_s:.2f} s"
