@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
-from torch.utils.flop_counter import FlopCounterMode
-from torch.utils.flop_counter import _FlopCounterMode as _FlopDispatchMode  # torch 2.4-2.13
+from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode  # the latter private (torch 2.13)
 
 from lightning_ckpt._compat import FakeTensor, tree_leaves
 from lightning_ckpt.core.fsdp2 import iteration_state_reset
@@ -112,14 +111,8 @@ def profile_step(
             held_after_backward = recorder.tracker.live_bytes  # the loss (and copies) the loop still holds
         left_out = _left_out(recorder)
         if left_out:
-            return profile_step(
-                model,
-                step_fn,
-                [c for c in candidates if c not in left_out],
-                cost,
-                optimizer=optimizer,
-                batch=batch,
-            )
+            kept = [c for c in candidates if c not in left_out]
+            return profile_step(model, step_fn, kept, cost, optimizer=optimizer, batch=batch)
         working = forward_working_sets(modules, step_fn)
         seconds = _timed_forwards(modules, step_fn) if cost == "time" else dict.fromkeys(modules, 0.0)
     profile = _build_profile(sizes, recorder, seconds)
@@ -132,21 +125,13 @@ def profile_step(
 
 
 class TotalFlopCounter(FlopCounterMode):
-    """``FlopCounterMode``'s count, totals only: the same dispatch mode (its decompositions too, so the
-    ops below it are the same), without the module tracker that only its per-module table needs. That
-    tracker's global module hooks and per-tensor backward hooks cost a fake profile 10-30% of its time;
-    the recorder splits the total per candidate itself.
-
-    Example:
-        >>> with TotalFlopCounter(display=False) as counter:
-        ...     _ = torch.ones(4, 8) @ torch.ones(8, 2)
-        >>> counter.get_total_flops()
-        128
-    """
+    """``FlopCounterMode``'s count, totals only: its own dispatch mode (decompositions included, so the
+    ops below it are the same) without the module tracker that only its per-module table needs, whose
+    hooks cost a fake profile 3-7% (the recorder splits the total per candidate itself)."""
 
     def __enter__(self) -> TotalFlopCounter:
         self.flop_counts.clear()
-        self.mode = _FlopDispatchMode(self)
+        self.mode = _FlopCounterMode(self)
         self.mode.__enter__()
         return self
 
