@@ -7,6 +7,7 @@ step allocates, byte for byte, before and after the real optimizer has state.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import lightning as L
@@ -66,11 +67,81 @@ def test_the_fake_step_allocates_what_the_real_one_does_with_and_without_state(n
 
 
 def _counted_twins(monkeypatch) -> list:
-    """The twin optimizers made (one per measured step) while the test runs."""
+    """The twin optimizers made (one per measured step) while the test runs, every optimizer measured on
+    its twin (the general path: no step from the formula for torch's own)."""
+    monkeypatch.setattr(fake_tensors, "known_step_bytes", lambda optimizer: None)
     made: list = []
     real = fake_tensors._twin_optimizer
     monkeypatch.setattr(fake_tensors, "_twin_optimizer", lambda *a: made.append(a) or real(*a))
     return made
+
+
+def _grid_optimizer(name: str, foreach, decay: float, option: bool, groups: list) -> torch.optim.Optimizer:
+    if name in ("Adam", "AdamW"):
+        return getattr(torch.optim, name)(
+            groups, lr=1e-3, foreach=foreach, weight_decay=decay, amsgrad=option
+        )
+    momentum = {"SGD": 0.5 if option else 0.0, "SGD-momentum": 0.9, "SGD-nesterov": 0.9}[name]
+    return torch.optim.SGD(
+        groups,
+        lr=0.1,
+        foreach=foreach,
+        weight_decay=decay,
+        momentum=momentum,
+        dampening=0.1 if name == "SGD" and option else 0.0,
+        nesterov=name == "SGD-nesterov",
+    )
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "SGD", "SGD-momentum", "SGD-nesterov"])
+def test_the_formula_for_torchs_own_optimizers_is_what_their_twin_step_allocates(monkeypatch, name):
+    """Every setting the formula covers (for-loop and foreach, weight decay, amsgrad / dampening, a
+    bf16 layer beside fp32 ones, two param groups), before and after the real optimizer has state."""
+    twin_step = fake_tensors.optimizer_step_extra_bytes
+
+    def measured(optimizer: torch.optim.Optimizer, model: nn.Module) -> tuple[int | None, int]:
+        formula = fake_tensors.known_step_bytes(optimizer)
+        with monkeypatch.context() as patched, warnings.catch_warnings():
+            patched.setattr(fake_tensors, "known_step_bytes", lambda optimizer: None)
+            warnings.simplefilter("error")
+            with fake_model(model) as fake:
+                return formula, twin_step(optimizer, fake)
+
+    cases = 0
+    for foreach, decay, option, mixed, split in itertools.product(
+        (False, True, None), (0.0, 0.1), (False, True), (False, True), (False, True)
+    ):
+        model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 8), nn.LayerNorm(8))
+        if mixed:
+            model[2].to(torch.bfloat16)
+        params = list(model.parameters())
+        groups = [{"params": params[:3]}, {"params": params[3:], "weight_decay": 0.0}] if split else params
+        optimizer = _grid_optimizer(name, foreach, decay, option, groups)
+        fresh = measured(optimizer, model)
+        for param in params:
+            param.grad = torch.ones_like(param)
+        optimizer.step()  # the real state
+        with_state = measured(optimizer, model)
+        assert fresh[0] == fresh[1] and with_state[0] == with_state[1], (foreach, decay, option, mixed, split)
+        cases += 1
+    assert cases == 48
+    assert fresh[0] > 0 or not name.startswith("Adam")
+
+
+def test_settings_the_formula_does_not_follow_are_measured_on_the_twin():
+    w = nn.Parameter(torch.zeros(64, 32))
+    followed = torch.optim.AdamW([w])
+    assert fake_tensors.known_step_bytes(followed) == 2 * w.numel() * 4
+    for other in (
+        torch.optim.AdamW([w], maximize=True),
+        torch.optim.Adam([w], capturable=True),
+        torch.optim.RMSprop([w]),
+        torch.optim.AdamW([nn.Parameter(torch.zeros(32, 64).t())]),  # not contiguous
+    ):
+        assert fake_tensors.known_step_bytes(other) is None
+        with fake_model(nn.Linear(1, 1)) as fake:  # their twin needs the model's parameters: refused, 0
+            with pytest.warns(UserWarning, match="could not run on fake tensors"):
+                assert optimizer_step_extra_bytes(other, fake) == 0
 
 
 def test_a_reused_measurement_is_the_fresh_one_until_settings_or_parameters_change(monkeypatch):

@@ -10,7 +10,10 @@ almost every step. On the same batches it trains, from the same weights:
 - ``auto``: AutoCheckpoint with the budget, one plan per family of shapes.
 
 It prints each run's CPU and wall time, the ratios against ``none`` and ``hand``, and for ``auto`` the
-profiles and plans it made and the time it spent planning. Models: transformers Llama and GPT-2 from tiny
+profiles and plans it made and where its CPU time beyond ``hand`` went: each part of its profiles (the
+fake step, its no-grad forward for working sets, the optimizer step, the timing forward), solving,
+wrapping and unwrapping at plan switches, the per-step lookup (``batch_shapes``, the plan book), the
+measured steps (a live-storage count on CPU), and the training steps themselves (recompute). Models: transformers Llama and GPT-2 from tiny
 configs (random weights, nothing downloaded) and the example GPT. A command, not a test: no time is
 asserted.
 """
@@ -30,6 +33,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import lightning_ckpt.callback as callback_module
+import lightning_ckpt.core.profiler as profiler_module
+import lightning_ckpt.lightning.granularity as granularity_module
+import lightning_ckpt.lightning.profile as profile_module
 from lightning_ckpt import AutoCheckpoint
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
@@ -48,6 +54,45 @@ class RunResult:
     profiles: int = 0
     profile_s: float = 0.0
     plans: list[str] = field(default_factory=list)
+    parts: dict[str, list[float]] = field(default_factory=dict)
+    """CPU seconds of each call, by part of the callback's work (see :func:`timed_calls`)."""
+    steps: StepSeconds | None = None
+
+
+_PARTS = {  # part: (module, attribute) whose calls are timed; nested parts are within "profile"
+    "profile": (callback_module, "profile_in_fit"),
+    "  fake step (forward+backward)": (profile_module, "profile_step"),
+    "    no-grad forward (working sets)": (profiler_module, "forward_working_sets"),
+    "  optimizer step": (profile_module, "optimizer_step_extra_bytes"),
+    "  timing forward (real)": (profile_module, "time_forwards"),
+    "solve": (granularity_module.OptionBook, "decide"),
+    "apply plan (wrap/unwrap)": (callback_module, "apply_plan"),
+}
+
+
+@contextlib.contextmanager
+def timed_calls(parts: dict[str, tuple[object, str]]) -> Iterator[dict[str, list[float]]]:
+    """The CPU seconds of each call of each ``(owner, attribute)`` inside the block, by part name."""
+    spent: dict[str, list[float]] = {name: [] for name in parts}
+    originals = {name: getattr(owner, attribute) for name, (owner, attribute) in parts.items()}
+
+    def timed(name: str, real: Callable) -> Callable:
+        def call(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[name].append(time.process_time() - start)
+
+        return call
+
+    for name, (owner, attribute) in parts.items():
+        setattr(owner, attribute, timed(name, originals[name]))
+    try:
+        yield spent
+    finally:
+        for name, (owner, attribute) in parts.items():
+            setattr(owner, attribute, originals[name])
 
 
 def build_model(kind: str, layers: int, max_length: int) -> L.LightningModule:
@@ -103,30 +148,11 @@ def _trainer(callbacks: list, steps: int) -> L.Trainer:
     )
 
 
-@contextlib.contextmanager
-def counted_profiles() -> Iterator[list[float]]:
-    """The CPU seconds of each profile the callback makes inside the block."""
-    spent: list[float] = []
-    real = callback_module.profile_in_fit
-
-    def counted(*args, **kwargs):
-        start = time.process_time()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            spent.append(time.process_time() - start)
-
-    callback_module.profile_in_fit = counted
-    try:
-        yield spent
-    finally:
-        callback_module.profile_in_fit = real
-
-
 def timed_fit(
     make: Callable[[], L.LightningModule], batches: list, checkpointed: list[str] | None, callbacks: list
 ) -> RunResult:
-    """One fit over ``batches`` with ``checkpointed`` wrapped by hand (or ``callbacks``): its CPU and wall time."""
+    """One fit over ``batches`` with ``checkpointed`` wrapped by hand (or ``callbacks``): its CPU and wall
+    time (and each step's, when ``callbacks`` holds a :class:`StepSeconds`)."""
     model = make()
     if checkpointed:
         apply_checkpointing(model, checkpointed)
@@ -135,16 +161,19 @@ def timed_fit(
     cpu, wall = time.process_time(), time.perf_counter()
     trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
     result = RunResult("", time.process_time() - cpu, time.perf_counter() - wall)
+    result.steps = next((c for c in callbacks if isinstance(c, StepSeconds)), None)
     remove_checkpointing(model)
     return result
 
 
 def auto_fit(make: Callable[[], L.LightningModule], batches: list, budget_gb: float) -> RunResult:
-    """The callback's fit, with its profiles counted and timed."""
+    """The callback's fit, with its profiles counted and each part of its work timed."""
     callback = AutoCheckpoint(budget_gb=budget_gb)
-    with counted_profiles() as spent:
-        result = timed_fit(make, batches, None, [callback])
-    result.profiles, result.profile_s = len(spent), sum(spent)
+    steps = StepSeconds(planning=callback, measured=callback)
+    with timed_calls(_PARTS) as parts:
+        result = timed_fit(make, batches, None, [callback, steps])
+    result.parts, result.steps = parts, steps
+    result.profiles, result.profile_s = len(parts["profile"]), sum(parts["profile"])
     result.plans = [
         f"{shapes[0][0]}: {len(plan.checkpointed)} of {len(plan.items)} checkpointed,"
         f" predicted {plan.predicted_peak_bytes / BYTES_PER_MB:.1f} MB"
@@ -200,7 +229,7 @@ def bench_model(kind: str, layers: int, args: argparse.Namespace) -> str:
     runs = {
         "none": timed_fit(make, batches, None, []),
         "all": timed_fit(make, batches, names, []),
-        f"hand ({len(hand)} of {len(names)})": timed_fit(make, batches, hand, []),
+        f"hand ({len(hand)} of {len(names)})": timed_fit(make, batches, hand, [StepSeconds()]),
         "auto": auto_fit(make, batches, budget_bytes / 1e9),
     }
     none_cpu, hand_cpu = runs["none"].cpu_s, list(runs.values())[2].cpu_s
@@ -223,30 +252,70 @@ def bench_model(kind: str, layers: int, args: argparse.Namespace) -> str:
         f" of its CPU time), {len(auto.plans)} plans:"
     )
     lines += [f"    {plan}" for plan in auto.plans]
+    lines += excess_lines(auto, list(runs.values())[2], len(hand))
     return "\n".join(lines)
+
+
+def excess_lines(auto: RunResult, hand: RunResult, hand_checkpointed: int) -> list[str]:
+    """Where ``auto``'s CPU time beyond ``hand``'s went: the parts of its planning, the per-step lookup,
+    its measured steps, and its training steps (their recompute) against ``hand``'s."""
+    total = lambda name: sum(auto.parts.get(name, ()))  # noqa: E731
+    steps, hand_steps = auto.steps, hand.steps
+    planning_s = sum(steps.planning)
+    lookup = [s for s, planned in zip(steps.planning, steps.planned, strict=True) if not planned]
+    measured = [s for s, m in zip(steps.steps, steps.measured, strict=True) if m]
+    plain = [s for s, m in zip(steps.steps, steps.measured, strict=True) if not m]
+    measured_extra_s = sum(measured) - len(measured) * statistics.median(plain)
+    checkpointed = statistics.mean(steps.checkpointed)
+    lines = [f"  auto - hand = {auto.cpu_s - hand.cpu_s:+.2f} CPU s:"]
+    for name in _PARTS:
+        calls = auto.parts.get(name, [])
+        lines.append(
+            f"    {name.strip() if not name.startswith('  ') else name:<36} {len(calls):3d} calls {total(name):6.2f} s"
+        )
+    lines += [
+        f"    per-step lookup (batch_shapes, plan book) {len(lookup):3d} steps {sum(lookup):6.3f} s",
+        f"    on_train_batch_start in all             {planning_s:6.2f} s",
+        f"    measured steps (live-storage count)  {len(measured):3d} steps {measured_extra_s:+6.2f} s over the median step",
+        f"    training steps: auto {sum(steps.steps):.2f} s, hand {sum(hand_steps.steps):.2f} s"
+        f" ({sum(steps.steps) - sum(hand_steps.steps):+.2f} s); blocks checkpointed per step {checkpointed:.2f}"
+        f" (hand {hand_checkpointed})",
+        f"    the rest (Lightning's loop and setup): auto {auto.cpu_s - planning_s - sum(steps.steps):.2f} s,"
+        f" hand {hand.cpu_s - sum(hand_steps.steps):.2f} s",
+    ]
+    return lines
 
 
 class StepSeconds(L.Callback):
     """The CPU seconds of each training step, from batch start to batch end (placed after AutoCheckpoint,
     its planning is left out); with ``planning=callback``, also the CPU seconds of that callback's
-    ``on_train_batch_start`` (its planning) on each step."""
+    ``on_train_batch_start`` (its planning) on each step and whether it planned; with
+    ``measured=callback``, whether each step was measured and how many blocks it checkpointed."""
 
-    def __init__(self, planning: L.Callback | None = None) -> None:
+    def __init__(self, planning: L.Callback | None = None, measured: AutoCheckpoint | None = None) -> None:
         self.steps: list[float] = []
         self.planning: list[float] = []
+        self.planned: list[bool] = []
+        self.measured: list[bool] = []
+        self.checkpointed: list[int] = []
+        self._callback = measured
         if planning is not None:
             real = planning.on_train_batch_start
 
             def timed(*args, **kwargs):
-                start = time.process_time()
+                start, plans = time.process_time(), len(planning._book.profiles)
                 try:
                     return real(*args, **kwargs)
                 finally:
                     self.planning.append(time.process_time() - start)
+                    self.planned.append(len(planning._book.profiles) != plans)
 
             planning.on_train_batch_start = timed
 
     def on_train_batch_start(self, *args) -> None:
+        if self._callback is not None:
+            self.measured.append(self._callback._meter is not None)
+            self.checkpointed.append(len(self._callback.plan.checkpointed))
         self._start = time.process_time()
 
     def on_train_batch_end(self, *args) -> None:
@@ -264,14 +333,15 @@ def first_plan_cost(args: argparse.Namespace) -> str:
     make = lambda: GPT(block_size=128, n_layer=8, n_head=4, n_embd=128, dropout=0.0)  # noqa: E731
     callback = AutoCheckpoint(budget_gb=0.12)
     auto_steps = StepSeconds(planning=callback)
-    with counted_profiles() as spent:
+    with timed_calls(_PARTS) as parts:
         auto = timed_fit(make, batches, None, [callback, auto_steps])
     plain_steps = StepSeconds()
     plain = timed_fit(make, batches, None, [plain_steps])
     step_s, planning_s = statistics.median(plain_steps.steps), auto_steps.planning[0]
+    first = ", ".join(f"{name.strip()} {calls[0]:.3f}" for name, calls in parts.items() if calls)
     return (
-        f"example GPT (8 blocks, 16 x 128, budget 0.12 GB), CPU time: first plan {planning_s:.3f} s (its profile"
-        f" {spent[0]:.3f} s), median training step {step_s:.3f} s without the callback: {planning_s / step_s:.2f}"
+        f"example GPT (8 blocks, 16 x 128, budget 0.12 GB), CPU time: first plan {planning_s:.3f} s"
+        f" ({first}), median training step {step_s:.3f} s without the callback: {planning_s / step_s:.2f}"
         f" steps; median step with the plan ({len(callback.plan.checkpointed)} of 8 checkpointed)"
         f" {statistics.median(auto_steps.steps):.3f} s; the fit with the callback {auto.cpu_s:.2f} s, without"
         f" {plain.cpu_s:.2f} s"

@@ -7,9 +7,11 @@
 - **Time** comes from forwards under ``torch.no_grad()``: nothing is kept for backward, so the timing run
   needs less memory than any checkpointed step. One forward, except the first time a model on CUDA is
   timed: the best of two there (the first CUDA calls of a process load kernels and grow the allocator).
-- **Reused within a fit**: the optimizer step's temporaries depend on the parameters, the optimizer's
-  settings and its state, not on the batch: measured once, and again only when one of those changes
-  (:func:`lightning_ckpt.core.fake_tensors.optimizer_step_extra_bytes` with ``reuse=True``).
+- **The optimizer step's temporaries** depend on the parameters, the optimizer's settings and its
+  state, not on the batch. Torch's own Adam, AdamW and SGD in their plain settings: from the parameters'
+  layouts (:func:`lightning_ckpt.core.memory.optimizer.known_step_bytes`, tested equal to a fake step).
+  Any other optimizer: a step of its fake twin, measured once within a fit and again only when one of
+  those changes (:func:`lightning_ckpt.core.fake_tensors.optimizer_step_extra_bytes` with ``reuse=True``).
 - **FSDP**: the sharded flat parameters have no full-size fake twin, so the memory half runs on a fake
   twin built from the module's class and saved hyperparameters (:mod:`lightning_ckpt.lightning.fsdp_twin`),
   with the strategy's sharded static memory.
