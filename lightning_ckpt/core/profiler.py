@@ -338,7 +338,7 @@ def _checkpointed_forwards(
 ) -> tuple[BackwardPhase, ...]:
     """One phase per candidate call, counted only when the candidate is checkpointed: what is live when
     the call starts (its inputs kept, nothing of it saved) plus its no-grad forward's working set."""
-    starts, index = recorder.call_starts, _row_index(recorder)
+    starts = recorder.call_starts
     saved = _saved_at_calls(storages, starts)
     return tuple(
         BackwardPhase(
@@ -347,15 +347,10 @@ def _checkpointed_forwards(
             live - held + working[name],
             forward=True,
             if_checkpointed=True,
-            alive_anyway=recorder.alive_anyway(unsaved, seq, index),
+            alive_anyway=recorder.alive_anyway(unsaved, seq),
         )
         for (seq, name, live), held, unsaved in zip(starts, saved, recorder.call_unsaved, strict=True)
     )
-
-
-def _row_index(recorder: Recorder) -> dict[int, int]:
-    """The index in the profile's storages of each saved row (by ``id``)."""
-    return {id(row): i for i, row in enumerate(recorder.saved_rows())}
 
 
 def _saved_at_calls(storages: tuple[SavedStorage, ...], starts: list[tuple[int, str, int]]) -> list[int]:
@@ -386,7 +381,7 @@ _HEAD = "head"  # the phase from the call of backward() to its first unpack of a
 
 def _phases(storages: tuple[SavedStorage, ...], recorder: Recorder) -> tuple[BackwardPhase, ...]:
     """Turn the tracker's per-phase peaks into extras over the saved bytes alive in each phase."""
-    tracker, index = recorder.tracker, _row_index(recorder)
+    tracker = recorder.tracker
     peaks = tracker.phase_peak_bytes
     keys = list(peaks)
     times = [key[0] if isinstance(key, tuple) else math.inf for key in keys]
@@ -399,7 +394,7 @@ def _phases(storages: tuple[SavedStorage, ...], recorder: Recorder) -> tuple[Bac
             forward=key is None,
             grad_bytes=int(tracker.phase_total_peak_bytes.get(key, 0) - peaks[key]),
             entry_extra_bytes=int(tracker.phase_entry_bytes.get(key, peaks[key]) - alive),
-            alive_anyway=recorder.alive_anyway(tracker.phase_watched.get(key, ()), time, index),
+            alive_anyway=recorder.alive_anyway(tracker.phase_watched.get(key, ()), time),
         )
         for key, time, alive in zip(keys, times, saved, strict=True)
     )

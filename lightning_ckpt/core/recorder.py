@@ -188,6 +188,7 @@ class Recorder:
         self._live_rows: dict[int, StorageRow] = {}
         self._unsaved: dict[int, StorageRow] = {}  # live rows given to a candidate, not saved yet (by key)
         self._unsaved_now: tuple[StorageRow, ...] | None = ()  # `_unsaved`'s rows (None: to make again)
+        self._saved_index: dict[int, int] | None = None  # see `alive_anyway`
         self.tracker.watched = self.unsaved_inputs
 
     def unsaved_inputs(self) -> tuple[StorageRow, ...]:
@@ -196,12 +197,13 @@ class Recorder:
             self._unsaved_now = tuple(self._unsaved.values())
         return self._unsaved_now
 
-    def alive_anyway(
-        self, rows: tuple[StorageRow, ...], time: float, index: dict[int, int]
-    ) -> tuple[int, ...]:
-        """Of ``rows`` (noted at a point of forward time ``time``), the indices (``index``: by ``id`` of a
-        saved row) of those not saved by then, so counted in the point's extra: a checkpoint that keeps
-        them holds nothing more there."""
+    def alive_anyway(self, rows: tuple[StorageRow, ...], time: float) -> tuple[int, ...]:
+        """Of ``rows`` (noted at a point of forward time ``time``), the indices in :meth:`saved_rows` of
+        those not saved by then, so counted in the point's extra: a checkpoint that keeps them holds
+        nothing more there. Called once the recording is over."""
+        if self._saved_index is None:
+            self._saved_index = {id(row): i for i, row in enumerate(self.saved_rows())}
+        index = self._saved_index
         return tuple(
             sorted(
                 index[id(row)]

@@ -13,10 +13,8 @@ to the end of its backward. Where its recomputation runs (the first of its phase
 the first unpack remakes every save at once) one more point counts when it is checkpointed: the bytes
 live as that phase starts, its saves not yet remade, plus what its forward allocates up to its last
 save (torch's early stop ends the recomputation there), in place of the phase's own peak, which comes
-after. Its own checkpointed forward counts only when it is checkpointed. A storage that a point's
-measured extra holds already (an input that nothing has saved yet and the model's own code keeps alive,
-as a decoder keeps its mask to the end of its forward) counts once there, in the extra, however many
-checkpoints keep it. The predicted peak of a kept set ``K`` is
+after. Its own checkpointed forward counts only when it is checkpointed. A storage in a point's measured
+extra (an unsaved input the model keeps alive anyway, as a decoder its mask) counts once, there. The predicted peak of a kept set ``K`` is
 
     max(point.bytes(K) for the points that apply to K)
 
@@ -67,8 +65,7 @@ hold at the point's time): ``KEPT`` (its saves), ``CHECKPOINTED`` (its inputs) o
 KEPT, CHECKPOINTED, RECOMPUTED = (True,), (False,), (True, False)
 
 _Spec = tuple[float, Fixed | None, int, Literal | None, bool, tuple[int, ...]]
-"""A point to write: (time, fixed candidate, base bytes, when, a point of the forward, the storages its
-extra holds already: :attr:`~lightning_ckpt.core.profile_types.BackwardPhase.alive_anyway`)."""
+"""A point to write: (time, fixed candidate, base bytes, when, a point of the forward, alive anyway)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,17 +238,15 @@ class _StorageTable:
             self.taken[k] = earliest.get((m, False), np.nan)
 
     def points(self, specs: list) -> list[PeakPoint]:
-        """The points of ``(time, fixed candidate, base, when, forward, alive anyway)`` specs, identical ones merged
-        (:func:`merged_points`).
+        """The points of the specs (:data:`_Spec`), identical ones merged (:func:`merged_points`).
 
         One sweep in time order: the base and the coefficients that the storages give a point with no
         fixed candidate change only at the storages' own events (a save outside the candidates, a save by
-        its candidate, its candidate's call), so they are updated event by event; a point with a fixed
-        candidate then corrects for that candidate's own storages. The work is the events plus, per point,
-        its fixed candidate's storages and one copy of the coefficients (the output): no points x storages.
-        The forward's points sweep apart from the backward's, because there an autocast cast that
-        ``torch.autocast``'s cache holds is held from its first save (:attr:`cached`).
-        """
+        its candidate, its candidate's call), so they are updated event by event; a point then corrects
+        for its fixed candidate's storages and those its extra holds already. The work is the events plus,
+        per point, those storages and one copy of the coefficients: no points x storages. The forward's
+        points sweep apart, as there an autocast cast that ``torch.autocast``'s cache holds is held from
+        its first save (:attr:`cached`)."""
         own: dict[int, list[int]] = {}
         for k in np.flatnonzero(self.owner >= 0).tolist():
             own.setdefault(int(self.owner[k]), []).append(k)
@@ -311,26 +306,20 @@ class _StorageTable:
         return events
 
     def _anyway_correction(self, anyway: tuple[int, ...], time: float, always: np.ndarray, keep) -> int:
-        """What the storages the point's extra holds already (``anyway``) add to its base from the sweep
-        (taken out of ``keep`` too): they count once, in the extra."""
+        """What the storages in the point's extra (``anyway``) add to its base (out of ``keep`` here)."""
         correction = 0
         for k in anyway:
-            base, coefficient = self._state(k, time, always)
+            base, coefficient = self._state(k, time, always)  # coefficient 0 unless it has one owner
+            keep[max(int(self.owner[k]), 0)] -= coefficient
             correction += base
-            if coefficient:
-                keep[int(self.owner[k])] -= coefficient
         return correction
 
-    def _fixed_correction(
-        self, storages, time: float, kinds: tuple[bool, ...], always: np.ndarray, anyway=()
-    ) -> int:
+    def _fixed_correction(self, storages, time: float, kinds: tuple[bool, ...], always, anyway) -> int:
         """The base change when the fixed candidate's own storages are held as the point's rule holds them
-        (``kinds``: its saves, its inputs, or both) rather than as in :meth:`_state` (those in ``anyway``:
-        in the point's extra already, see :meth:`_anyway_correction`)."""
+        (``kinds``: its saves, its inputs, or both) rather than as in :meth:`_state` (those in ``anyway``
+        left to :meth:`_anyway_correction`)."""
         correction = 0
-        for k in storages:
-            if k in anyway:
-                continue
+        for k in (k for k in storages if k not in anyway):
             held = always[k] <= time or any((self.saved if kind else self.taken)[k] <= time for kind in kinds)
             correction += int(self.nbytes[k]) * bool(held) - self._state(k, time, always)[0]
         return correction
