@@ -8,10 +8,12 @@ Usage:
         with none (unchecked), and its static bytes.
     python tests/fsdp2_hf_script.py OUT_DIR run BUDGET_BYTES
         ``capped``: 3 steps inside ``memory_cap(BUDGET_BYTES)`` per rank with ``budget_gb`` equal to the
-        cap; then ``plain``: the same 3 steps without the callback. Each writes ``{name}_facts{r}.json``
-        (losses; with the callback the checkpointed layers, the rank's own predicted peak for them, its
-        minimum and unchecked peaks, the cap's peak and the lightning_ckpt warnings) and, on rank 0, the
-        full parameters after the fit (``{name}.pt``). A rank out of memory writes ``{name}_oom{r}.txt``.
+        cap; then ``plain``: the same 3 steps without the callback, with ``use_cache=False`` in the
+        config as the callback passes it in training (the cache changes no loss, only the memory). Each
+        writes ``{name}_facts{r}.json`` (losses; with the callback the checkpointed layers, the rank's own
+        predicted peak for them, its minimum and unchecked peaks, the cap's peak and the lightning_ckpt
+        warnings) and, on rank 0, the full parameters after the fit (``{name}.pt``). A rank out of
+        memory writes ``{name}_oom{r}.txt``.
 
 The batches are padded (``input_ids``, ``attention_mask``, ``labels`` -100 on the padding), each rank its
 own rows (Lightning's distributed sampler); ``use_cache`` is the config's default (on).
@@ -119,6 +121,8 @@ def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
     L.seed_everything(0, verbose=False)
     trainer = trainer_for([losses] + ([callback] if callback else []))
     rank, live = trainer.global_rank, model()
+    if callback is None:  # as AutoCheckpoint trains it: the unchecked prediction is compared to this run
+        live.model.config.use_cache = False
     batches = loader()  # made before the cap: on a device only the batch is there
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

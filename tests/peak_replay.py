@@ -7,8 +7,10 @@ backward, see :class:`lightning_ckpt.core.profile_types.BackwardPhase`) it adds 
 under the checkpointing choice and the phase's measured extra (gradients, temporaries); a checkpointed
 candidate in its own backward holds its saves, made again, and its inputs, and its recomputation adds
 one more point at its first phase: the bytes live as that phase starts plus what the recomputation
-allocates (``recompute_extra_bytes``). The optimizer step is one more phase, with no
-activations left and its own temporaries. The peak is the largest phase plus the static bytes
+allocates (``recompute_extra_bytes``). A storage that the phase's measured extra holds already (given to
+a candidate, saved by nothing yet, alive anyway: ``BackwardPhase.alive_anyway``) is live there once,
+whoever keeps it. The optimizer step is one more phase, with no activations left and its own
+temporaries. The peak is the largest phase plus the static bytes
 (parameters, gradients, optimizer state, buffers).
 """
 
@@ -61,7 +63,7 @@ def replay_peak_bytes(
         recomputed, kept = starts.recomputed(candidate), starts.without(candidate)
         held = np.array(
             [
-                held_at(starts.at(p, kept if p.forward else recomputed), starts.nbytes, [p.time])[0]
+                held_at(starts.at(p, kept if p.forward else recomputed), starts.held_bytes(p), [p.time])[0]
                 for p in phases
             ]
         )
@@ -73,14 +75,14 @@ def replay_peak_bytes(
         if candidate in chosen and backward:  # its recomputation runs as the backward enters its first phase
             first = backward[0]
             entry = first.extra_bytes if first.entry_extra_bytes is None else first.entry_extra_bytes
-            held_before = held_at(starts.base, starts.nbytes, [first.time])[0]
+            held_before = held_at(starts.base, starts.held_bytes(first), [first.time])[0]
             peak = max(
                 peak,
                 int(held_before + entry + last_step_held_bytes(first, profile, when) + recompute[candidate]),
             )
     own = [p for p in profile.phases if p.if_checkpointed and p.candidate in chosen]
     if own:  # a checkpointed candidate's own forward: its inputs kept, its saves never made
-        held = np.array([held_at(starts.at(p, starts.base), starts.nbytes, [p.time])[0] for p in own])
+        held = np.array([held_at(starts.at(p, starts.base), starts.held_bytes(p), [p.time])[0] for p in own])
         extra = np.array(
             [p.extra_bytes + last_step_held_bytes(p, profile, when) for p in own], dtype=np.int64
         )
@@ -152,6 +154,15 @@ class AliveStarts:
             names = {owner for owner, _ in storage.saves if owner is not None}
             for name in names | {name for name, _ in storage.inputs}:
                 self._touching.setdefault(name, []).append(i)
+
+    def held_bytes(self, phase) -> np.ndarray:
+        """The storages' bytes as ``phase`` holds them for the backward: none for those its measured extra
+        holds already (alive anyway there), which are live once whoever keeps them."""
+        if not phase.alive_anyway:
+            return self.nbytes
+        nbytes = self.nbytes.copy()
+        nbytes[list(phase.alive_anyway)] = 0
+        return nbytes
 
     def at(self, phase, starts: np.ndarray) -> np.ndarray:
         """``starts`` at ``phase``: in the forward, autocast's cache holds its casts from their first save."""

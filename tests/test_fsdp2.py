@@ -321,12 +321,13 @@ def test_a_transformers_llama_sharded_by_decoder_layer_trains_within_the_budget_
 ):
     """A model nobody here wrote: transformers' LlamaForCausalLM from a tiny config, each decoder layer
     ``fully_shard``-ed, padded batches, its KV cache on by default; 2 processes under the cap: one plan on
-    both ranks, each rank never under what the cap counted, losses and parameters equal without it.
+    both ranks, each rank's prediction within 2% of what the cap counted (the unchecked one within 2% of
+    FSDP2 alone, trained without the cache as the callback trains it), losses and parameters equal
+    without it.
 
-    Up to 5% over, not 2%: with three of the four layers checkpointed the prediction was +4.67% (2,939,148
-    against 2,807,924 B). The likely cause, not yet fixed: the inputs a checkpointed layer keeps until its
-    backward (the rotary cos/sin and the 4D mask, shared by every layer and alive anyway) are counted once
-    per checkpointed layer. Other plans are within 1%."""
+    The FSDP2 twin used to be profiled with the KV cache on, which the fit turns off: the cache's 8 key
+    and value tensors (131,072 B per rank) sat in the forward's peak, and layers 0-2 checkpointed were
+    predicted +4.67% (2,939,148 against 2,807,924 B); now 2,808,076 B."""
     pytest.importorskip("transformers")
     budget_bytes = 3_500_000
     result = _run(TESTS / "fsdp2_hf_script.py", tmp_path, "run", budget_bytes)
@@ -341,11 +342,11 @@ def test_a_transformers_llama_sharded_by_decoder_layer_trains_within_the_budget_
         assert facts["warnings"] == [] and facts["global_step"] == 3
         assert facts["minimum"] <= budget_bytes < facts["unchecked"]
         unchecked_error = facts["unchecked"] / plain[rank]["cap_peak"] - 1
-        assert 0 <= unchecked_error <= 0.02, (
+        assert abs(unchecked_error) <= 0.02, (
             f"unchecked rank {rank} against FSDP2 alone: {unchecked_error:+.2%}"
         )
         error = facts["predicted"] / facts["cap_peak"] - 1
-        assert facts["predicted"] <= budget_bytes and 0 <= error <= 0.05, f"{error:+.2%} {facts}"
+        assert facts["predicted"] <= budget_bytes and abs(error) <= 0.02, f"{error:+.2%} {facts}"
         assert facts["losses"] == plain[rank]["losses"]
     expected, actual = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "capped.pt")
     assert expected.keys() == actual.keys()

@@ -91,6 +91,10 @@ class BackwardPhase:
     entry_extra_bytes: int | None = None
     """Live bytes beyond the saved bytes alive there when the backward first enters this phase (where a
     checkpointed candidate's recomputation runs, before it); None: not measured (``extra_bytes`` bounds it)."""
+    alive_anyway: tuple[int, ...] = ()
+    """Indices in ``StepProfile.storages`` of the storages given to a candidate that are live at this
+    phase's peak with nothing saving them by ``time`` (the model's own code holds them, as a decoder holds
+    its mask): ``extra_bytes`` counts them, so a checkpoint that keeps them adds nothing here."""
 
 
 @dataclass(frozen=True)

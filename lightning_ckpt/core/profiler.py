@@ -43,7 +43,7 @@ from lightning_ckpt.core.profile_types import (
     SavedStorage,
     StepProfile,
 )
-from lightning_ckpt.core.recorder import Recorder, StepTracker, forward_working_sets
+from lightning_ckpt.core.recorder import Recorder, forward_working_sets
 from lightning_ckpt.core.storage import local_bytes, storage_key, storage_of, unique_storage_bytes
 from lightning_ckpt.core.wrapping import checkpointed_names
 
@@ -118,7 +118,7 @@ def profile_step(
     profile = _build_profile(sizes, recorder, seconds)
     return dataclasses.replace(
         profile,
-        phases=profile.phases + _checkpointed_forwards(profile.storages, recorder.call_starts, working),
+        phases=profile.phases + _checkpointed_forwards(profile.storages, recorder, working),
         after_backward_bytes=int(held_after_backward),
         batch_bytes=unique_storage_bytes(tree_leaves(batch)),
     )
@@ -316,7 +316,7 @@ def _build_profile(sizes: ModelSizes, recorder: Recorder, seconds: dict[str, flo
         )
         for name in recorder.modules
     )
-    phases = _phases(storages, recorder.tracker)
+    phases = _phases(storages, recorder)
     return StepProfile(
         modules=modules,
         static=single_device_static(sizes),
@@ -344,14 +344,22 @@ def _bytes_by_candidate(storages: tuple[SavedStorage, ...]) -> tuple[dict[str, i
 
 
 def _checkpointed_forwards(
-    storages: tuple[SavedStorage, ...], starts: list[tuple[int, str, int]], working: dict[str, int]
+    storages: tuple[SavedStorage, ...], recorder: Recorder, working: dict[str, int]
 ) -> tuple[BackwardPhase, ...]:
     """One phase per candidate call, counted only when the candidate is checkpointed: what is live when
     the call starts (its inputs kept, nothing of it saved) plus its no-grad forward's working set."""
+    starts = recorder.call_starts
     saved = _saved_at_calls(storages, starts)
     return tuple(
-        BackwardPhase(seq, name, live - held + working[name], forward=True, if_checkpointed=True)
-        for (seq, name, live), held in zip(starts, saved, strict=True)
+        BackwardPhase(
+            seq,
+            name,
+            live - held + working[name],
+            forward=True,
+            if_checkpointed=True,
+            alive_anyway=recorder.alive_anyway(unsaved, seq),
+        )
+        for (seq, name, live), held, unsaved in zip(starts, saved, recorder.call_unsaved, strict=True)
     )
 
 
@@ -381,8 +389,9 @@ def _saved_at_calls(storages: tuple[SavedStorage, ...], starts: list[tuple[int, 
 _HEAD = "head"  # the phase from the call of backward() to its first unpack of a saved tensor
 
 
-def _phases(storages: tuple[SavedStorage, ...], tracker: StepTracker) -> tuple[BackwardPhase, ...]:
+def _phases(storages: tuple[SavedStorage, ...], recorder: Recorder) -> tuple[BackwardPhase, ...]:
     """Turn the tracker's per-phase peaks into extras over the saved bytes alive in each phase."""
+    tracker = recorder.tracker
     peaks = tracker.phase_peak_bytes
     keys = list(peaks)
     times = [key[0] if isinstance(key, tuple) else math.inf for key in keys]
@@ -395,6 +404,7 @@ def _phases(storages: tuple[SavedStorage, ...], tracker: StepTracker) -> tuple[B
             forward=key is None,
             grad_bytes=int(tracker.phase_total_peak_bytes.get(key, 0) - peaks[key]),
             entry_extra_bytes=int(tracker.phase_entry_bytes.get(key, peaks[key]) - alive),
+            alive_anyway=recorder.alive_anyway(tracker.phase_watched.get(key, ()), time),
         )
         for key, time, alive in zip(keys, times, saved, strict=True)
     )

@@ -3,7 +3,10 @@
 Module pre/post hooks keep a stack of the active candidates (the innermost wins); saved-tensor hooks
 record every saved storage with its owner and a forward sequence number; during the backward, unpacking
 a saved tensor tells which forward point the backward has reached (its "phase"), so that the live-memory
-peak of each phase can be measured.
+peak of each phase can be measured. At each phase's peak it also notes the storages given to a candidate
+that nothing has saved yet and that are alive anyway (the model's own code holds them, as a decoder
+holds its mask): they are in the phase's measured peak already, and a checkpoint that keeps them adds
+nothing there.
 """
 
 from __future__ import annotations
@@ -43,11 +46,14 @@ class StepTracker(LiveStorageTracker):
       was current (``phase_peak_bytes`` is the most of ``live_bytes`` alone), and
       ``phase_entry_bytes[phase]`` the ``live_bytes`` when the phase was first entered;
     - windows (:meth:`open_window`, :meth:`close_window`): the peak live bytes since a window opened, to
-      measure what a module's forward holds only while it runs.
+      measure what a module's forward holds only while it runs;
+    - what ``watched`` (a callable, if set) returns at each phase's peak: ``phase_watched[phase]``.
     """
 
     def __init__(self, cast_sources: frozenset[int]) -> None:
         super().__init__(cast_sources)
+        self.watched: Any = None
+        self.phase_watched: dict[Any, Any] = {}
         self.grad_bytes = 0
         self.phase_total_peak_bytes: dict[Any, int] = {}
         self.phase_entry_bytes: dict[Any, int] = {}
@@ -84,7 +90,10 @@ class StepTracker(LiveStorageTracker):
         return self._windows.pop()
 
     def _grow(self, nbytes: int) -> None:
+        before = self.phase_peak_bytes.get(self.phase)
         super()._grow(nbytes)
+        if self.watched is not None and (before is None or self.live_bytes > before):
+            self.phase_watched[self.phase] = self.watched()
         self._windows[:] = [max(peak, self.live_bytes) for peak in self._windows]
         self._note_total()
 
@@ -168,6 +177,7 @@ class Recorder:
         self.tracker = StepTracker(cast_sources=_storage_keys(self.params))  # autocast caches their casts
         self.recompute_extra: dict[str, int] = dict.fromkeys(modules, 0)  # see `_Call.recompute_bytes`
         self.call_starts: list[tuple[int, str, int]] = []  # (sequence, candidate, live bytes) at each call
+        self.call_unsaved: list[tuple[StorageRow, ...]] = []  # per call: `unsaved_inputs` then, less its own
         self.seq = 0
         self.stack: list[_Call] = []  # the active candidates' calls, innermost last
         self.rows: list[StorageRow] = []
@@ -176,6 +186,40 @@ class Recorder:
         self._counting_flops = contextlib.ExitStack()
         self.recomputed: set[str] = set()  # candidates called again in the backward (checkpointed already)
         self._live_rows: dict[int, StorageRow] = {}
+        self._unsaved: dict[int, StorageRow] = {}  # live rows given to a candidate, not saved yet (by key)
+        self._unsaved_now: tuple[StorageRow, ...] | None = ()  # `_unsaved`'s rows (None: to make again)
+        self._saved_index: dict[int, int] | None = None  # see `alive_anyway`
+        self.tracker.watched = self.unsaved_inputs
+
+    def unsaved_inputs(self) -> tuple[StorageRow, ...]:
+        """The live storages given to a candidate as inputs that nothing has saved yet (alive anyway)."""
+        if self._unsaved_now is None:
+            self._unsaved_now = tuple(self._unsaved.values())
+        return self._unsaved_now
+
+    def alive_anyway(self, rows: tuple[StorageRow, ...], time: float) -> tuple[int, ...]:
+        """Of ``rows`` (noted at a point of forward time ``time``), the indices in :meth:`saved_rows` of
+        those not saved by then, so counted in the point's extra: a checkpoint that keeps them holds
+        nothing more there. Called once the recording is over."""
+        if self._saved_index is None:
+            self._saved_index = {id(row): i for i, row in enumerate(self.saved_rows())}
+        index = self._saved_index
+        return tuple(
+            sorted(
+                index[id(row)]
+                for row in rows
+                if id(row) in index and not any(seq <= time for _, seq in row.saves)
+            )
+        )
+
+    def _set_unsaved(self, row: StorageRow, unsaved: bool) -> None:
+        if unsaved and row.key is not None and row.key not in self._unsaved:
+            self._unsaved[row.key] = row
+        elif not unsaved and self._unsaved.get(row.key) is row:
+            del self._unsaved[row.key]
+        else:
+            return
+        self._unsaved_now = None
 
     def saved_rows(self) -> list[StorageRow]:
         """The rows of storages saved for backward or given to a candidate, less those resized in place:
@@ -214,6 +258,7 @@ class Recorder:
         """The row's storage is freed: its key may name another storage from now on."""
         row = self._live_rows.pop(key, None)
         if row is not None:
+            self._set_unsaved(row, False)
             row.key = None
 
     def _pre_hook(self, name: str):
@@ -222,10 +267,12 @@ class Recorder:
                 self.recomputed.add(name)
                 return
             seq = self._next()
-            for tensor in tree_leaves((args, kwargs)):
-                row = self._row(tensor)
-                if row is not None:
-                    row.inputs.append((name, seq))
+            taken = [row for row in map(self._row, tree_leaves((args, kwargs))) if row is not None]
+            own = {id(row) for row in taken}
+            self.call_unsaved.append(tuple(row for row in self.unsaved_inputs() if id(row) not in own))
+            for row in taken:
+                row.inputs.append((name, seq))
+                self._set_unsaved(row, not row.saves)
             live = self.tracker.live_bytes
             self.stack.append(_Call(name, self.flop_counter.get_total_flops(), _autocast_caches(), live))
             self.call_starts.append((seq, name, self.tracker.live_bytes))
@@ -261,6 +308,7 @@ class Recorder:
         row = self._row(tensor)
         if row is not None:
             row.saves.append((owner, seq))
+            self._set_unsaved(row, False)
             if caching and storage is not None and storage_key(storage) in self.tracker.casts:
                 row.forward_cached = True  # autocast's cache holds it to the end of the forward
         return seq, owner, tensor

@@ -28,6 +28,7 @@ from lightning_ckpt._compat import FakeTensorMode, give_device_mesh, tree_leaves
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.fake_tensors import FakeModel as FakeTwins
 from lightning_ckpt.core.fake_tensors import optimizer_step_extra_bytes
+from lightning_ckpt.core.hf_models import training_without_cache, unpacked_positions_on_fake_tensors
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.core.profiler import profile_step
@@ -75,7 +76,9 @@ def profile_training_step(
     optimizer: Any = None,
     plugin: Precision | None = None,
 ) -> StepProfile:
-    """Profile ``training_step`` on ``batch`` as AutoCheckpoint does (real or fake tensors; cost in FLOPs).
+    """Profile ``training_step`` on ``batch`` as AutoCheckpoint does (real or fake tensors; cost in FLOPs),
+    a transformers model without its KV cache and with its own position ids unpacked, as in the fit
+    (:mod:`lightning_ckpt.core.hf_models`).
 
     The model must already be in the precision's parameter dtype (see :func:`plan_offline`). ``plugin``
     is the precision plugin of a live Trainer (default: :func:`precision_plugin` of ``precision``).
@@ -91,7 +94,8 @@ def profile_training_step(
     candidates = find_candidates(model, targets)
     batch = plugin.convert_input(batch)
     step_fn = training_loss_fn(PrecisionOnlyTrainer(plugin), model, batch, 0)
-    return profile_step(model, step_fn, candidates, cost="flops", optimizer=optimizer, batch=batch)
+    with training_without_cache(model), unpacked_positions_on_fake_tensors(batch):  # as the fit runs
+        return profile_step(model, step_fn, candidates, cost="flops", optimizer=optimizer, batch=batch)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ to the end of its backward. Where its recomputation runs (the first of its phase
 the first unpack remakes every save at once) one more point counts when it is checkpointed: the bytes
 live as that phase starts, its saves not yet remade, plus what its forward allocates up to its last
 save (torch's early stop ends the recomputation there), in place of the phase's own peak, which comes
-after. Its own checkpointed forward counts only when it is checkpointed. The predicted peak of a kept set ``K`` is
+after. Its own checkpointed forward counts only when it is checkpointed. A storage in a point's measured
+extra (an unsaved input the model keeps alive anyway, as a decoder its mask) counts once, there. The predicted peak of a kept set ``K`` is
 
     max(point.bytes(K) for the points that apply to K)
 
@@ -63,8 +64,8 @@ Fixed = tuple[int, tuple[bool, ...]]
 hold at the point's time): ``KEPT`` (its saves), ``CHECKPOINTED`` (its inputs) or ``RECOMPUTED`` (both)."""
 KEPT, CHECKPOINTED, RECOMPUTED = (True,), (False,), (True, False)
 
-_Spec = tuple[float, Fixed | None, int, Literal | None, bool]
-"""A point to write: (time, fixed candidate, base bytes, when, a point of the forward)."""
+_Spec = tuple[float, Fixed | None, int, Literal | None, bool, tuple[int, ...]]
+"""A point to write: (time, fixed candidate, base bytes, when, a point of the forward, alive anyway)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,17 +152,18 @@ def peak_points(profile: StepProfile, *, zero_grad: ZeroGrad | None = None) -> t
     for k, phase in enumerate(profile.phases):
         index = names.get(phase.candidate) if phase.candidate is not None else None
         extra = outer + phase.extra_bytes + last_step_held_bytes(phase, profile, when)
+        time, forward, anyway = phase.time, phase.forward, phase.alive_anyway
         if phase.if_checkpointed:
             if index is not None:  # counted only when checkpointed, its own saves not made
-                specs.append((phase.time, (index, CHECKPOINTED), extra, (index, False), phase.forward))
+                specs.append((time, (index, CHECKPOINTED), extra, (index, False), forward, anyway))
         elif phase.forward or index is None:
-            specs.append((phase.time, None if index is None else (index, KEPT), extra, None, phase.forward))
+            specs.append((time, None if index is None else (index, KEPT), extra, None, forward, anyway))
         else:  # kept: its saves are alive; checkpointed: its recomputed saves and the inputs it keeps
-            specs.append((phase.time, (index, KEPT), extra, (index, True), False))
-            specs.append((phase.time, (index, RECOMPUTED), extra, (index, False), False))
+            specs.append((time, (index, KEPT), extra, (index, True), False, anyway))
+            specs.append((time, (index, RECOMPUTED), extra, (index, False), False, anyway))
             if recomputing.get(index) == k:  # its recomputation, from what is live as the phase starts
                 recompute = extra + _recompute_bytes(phase, profile, index)
-                specs.append((phase.time, (index, CHECKPOINTED), recompute, (index, False), False))
+                specs.append((time, (index, CHECKPOINTED), recompute, (index, False), False, anyway))
     return (PeakPoint(optimizer_step, _zeros(len(names))), *_StorageTable(profile, names).points(specs))
 
 
@@ -236,17 +238,15 @@ class _StorageTable:
             self.taken[k] = earliest.get((m, False), np.nan)
 
     def points(self, specs: list) -> list[PeakPoint]:
-        """The points of ``(time, fixed candidate, base, when, forward)`` specs, identical ones merged
-        (:func:`merged_points`).
+        """The points of the specs (:data:`_Spec`), identical ones merged (:func:`merged_points`).
 
         One sweep in time order: the base and the coefficients that the storages give a point with no
         fixed candidate change only at the storages' own events (a save outside the candidates, a save by
-        its candidate, its candidate's call), so they are updated event by event; a point with a fixed
-        candidate then corrects for that candidate's own storages. The work is the events plus, per point,
-        its fixed candidate's storages and one copy of the coefficients (the output): no points x storages.
-        The forward's points sweep apart from the backward's, because there an autocast cast that
-        ``torch.autocast``'s cache holds is held from its first save (:attr:`cached`).
-        """
+        its candidate, its candidate's call), so they are updated event by event; a point then corrects
+        for its fixed candidate's storages and those its extra holds already. The work is the events plus,
+        per point, those storages and one copy of the coefficients: no points x storages. The forward's
+        points sweep apart, as there an autocast cast that ``torch.autocast``'s cache holds is held from
+        its first save (:attr:`cached`)."""
         own: dict[int, list[int]] = {}
         for k in np.flatnonzero(self.owner >= 0).tolist():
             own.setdefault(int(self.owner[k]), []).append(k)
@@ -263,7 +263,7 @@ class _StorageTable:
         ``always[k]`` on."""
         events = self._events(always)
         base_now, keep_now, next_event = 0, _zeros(self.n), 0
-        for time, fixed, base, when, _ in sorted(specs, key=lambda spec: spec[0]):
+        for time, fixed, base, when, _, anyway in sorted(specs, key=lambda spec: spec[0]):
             while next_event < len(events) and events[next_event][0] <= time:
                 _, d_base, m, d_keep = events[next_event]
                 base_now += d_base
@@ -271,13 +271,13 @@ class _StorageTable:
                     keep_now[m] += d_keep
                 next_event += 1
             keep = keep_now.copy()
-            base += base_now
+            base += base_now - self._anyway_correction(anyway, time, always, keep)
             if fixed is not None:
-                base += self._fixed_correction(own.get(fixed[0], ()), time, fixed[1], always)
+                base += self._fixed_correction(own.get(fixed[0], ()), time, fixed[1], always, anyway)
                 keep[fixed[0]] = 0
             either: list[tuple[tuple[Literal, ...], int]] = []
             for k, earliest in self.several:
-                if not always[k] <= time:  # else in the base already
+                if not always[k] <= time and k not in anyway:  # else in the base already, or in the extra
                     base, term = _either(earliest, time, fixed, int(self.nbytes[k]), base, keep)
                     either += [term] if term else []
             yield PeakPoint(base, keep, tuple(either), when, time)
@@ -305,11 +305,21 @@ class _StorageTable:
         events.sort(key=lambda event: event[0])
         return events
 
-    def _fixed_correction(self, storages, time: float, kinds: tuple[bool, ...], always: np.ndarray) -> int:
-        """The base change when the fixed candidate's own storages are held as the point's rule holds them
-        (``kinds``: its saves, its inputs, or both) rather than as in :meth:`_state`."""
+    def _anyway_correction(self, anyway: tuple[int, ...], time: float, always: np.ndarray, keep) -> int:
+        """What the storages in the point's extra (``anyway``) add to its base (out of ``keep`` here)."""
         correction = 0
-        for k in storages:
+        for k in anyway:
+            base, coefficient = self._state(k, time, always)  # coefficient 0 unless it has one owner
+            keep[max(int(self.owner[k]), 0)] -= coefficient
+            correction += base
+        return correction
+
+    def _fixed_correction(self, storages, time: float, kinds: tuple[bool, ...], always, anyway) -> int:
+        """The base change when the fixed candidate's own storages are held as the point's rule holds them
+        (``kinds``: its saves, its inputs, or both) rather than as in :meth:`_state` (those in ``anyway``
+        left to :meth:`_anyway_correction`)."""
+        correction = 0
+        for k in (k for k in storages if k not in anyway):
             held = always[k] <= time or any((self.saved if kind else self.taken)[k] <= time for kind in kinds)
             correction += int(self.nbytes[k]) * bool(held) - self._state(k, time, always)[0]
         return correction
