@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
-from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode  # the latter private (torch 2.13)
 
 from lightning_ckpt._compat import FakeTensor, tree_leaves
+from lightning_ckpt.core.flops import TotalFlopCounter
 from lightning_ckpt.core.fsdp2 import iteration_state_reset
 from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
@@ -122,22 +122,6 @@ def profile_step(
         after_backward_bytes=int(held_after_backward),
         batch_bytes=unique_storage_bytes(tree_leaves(batch)),
     )
-
-
-class TotalFlopCounter(FlopCounterMode):
-    """``FlopCounterMode``'s count, totals only: its own dispatch mode (decompositions included, so the
-    ops below it are the same) without the module tracker that only its per-module table needs, whose
-    hooks cost a fake profile 3-7% (the recorder splits the total per candidate itself)."""
-
-    def __enter__(self) -> TotalFlopCounter:
-        self.flop_counts.clear()
-        self.mode = _FlopCounterMode(self)
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> Any:
-        mode, self.mode = self.mode, None
-        return mode.__exit__(*exc_info)
 
 
 def _left_out(recorder: Recorder) -> list[str]:
