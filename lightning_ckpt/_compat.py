@@ -29,12 +29,18 @@ from torch.utils._python_dispatch import (  # torch 2.4-2.13 (the last two: wrap
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map_only, tree_unflatten  # torch 2.4-2.13
 from torch.utils.checkpoint import _checkpoint_without_reentrant_generator  # torch 2.4-2.13
 
+try:  # torch 2.5-2.13: FlopCounterMode's own dispatch mode, apart from its module tracker
+    from torch.utils.flop_counter import _FlopCounterMode as FlopDispatchMode
+except ImportError:  # torch 2.4: the counter is its own dispatch mode
+    FlopDispatchMode = None
+
 __all__ = [
     "CHECKPOINT_WRAPPER_CLASS",
     "COMPILED_MODULE_CLASS",
     "WRAPPER_NAME_PARTS",
     "FakeTensor",
     "FakeTensorMode",
+    "FlopDispatchMode",
     "NormBase",
     "TorchDispatchMode",
     "autocast_enabled",
