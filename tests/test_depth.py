@@ -84,7 +84,7 @@ def _matrix_points(table, specs) -> list[PeakPoint]:
         keep[:, table.owner[k]] += signed[:, k]
     bases = np.where(held | minus, table.nbytes, 0).sum(axis=1)
     result = []
-    for row, (time, fixed_one, base, when, _) in enumerate(specs):
+    for row, (time, fixed_one, base, when, _, _) in enumerate(specs):
         base += int(bases[row])
         either = []
         for k, earliest in table.several:
@@ -136,6 +136,7 @@ def test_the_sweep_equals_the_matrix_construction_on_random_storages(seed):
             int(rng.integers(0, 100)),
             literals[int(rng.integers(len(literals)))],
             bool(rng.random() < 0.5),  # a point of the forward
+            (),  # alive anyway: none here (test_peak_points checks those against the replay)
         )
         for _ in range(60)
     ]
