@@ -274,3 +274,19 @@ def test_op_level_across_ranks_plans_again_with_the_other_ranks_excess_taken_off
     assert not trainer.other_excess, "two rounds: planned again once"
     assert plan.budget_bytes == budget and plan.predicted_peak_bytes <= budget - excess
     assert len(plan.checkpointed) > len(alone.checkpointed)
+
+
+def test_a_failing_solve_on_the_exact_form_is_raised_not_turned_into_a_block_plan(gpt_form):
+    """Only the nested bound's extra bytes may turn an infeasible op-level instance into the block plan;
+    on the step's own (exact) points a solver error is the caller's to see, as it was given."""
+    from lightning_ckpt.planning.op_plan import make_op_plan
+
+    profile, peak, form = gpt_form
+    assert form is not None  # the example GPT's points are nested: no bound
+    budget = (fixed_peak_bytes(profile) + peak.peak_bytes([])) // 2
+
+    def failing_solve(*args, **kwargs):
+        raise ValueError("the solver's own error")
+
+    with pytest.raises(ValueError, match="the solver's own error"):
+        make_op_plan(profile, {}, budget, solve=failing_solve)

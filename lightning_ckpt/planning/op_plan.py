@@ -145,8 +145,10 @@ def make_op_plan(
                 workers=config.workers,
                 solve=solve,
             )
-    except ValueError:  # only the bound's extra bytes are over: the exact block-level plan fits
-        choice = None
+    except ValueError:
+        if bound_note is None:  # the exact form: fixed_bytes fit, so this is not a budget too small
+            raise
+        choice = None  # only the bound's extra bytes are over: the exact block-level plan fits
     solver_seconds = time.perf_counter() - start
     timed = config.cost == "time"
     if bound_note is not None:
