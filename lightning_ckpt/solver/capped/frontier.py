@@ -118,7 +118,7 @@ def _steps(groups: Groups, allowed: np.ndarray, lists: tuple[list, ...]) -> list
         for first, end, m in zip(firsts.tolist(), ends.tolist(), list(most), strict=True)
     }
     steps, g = [], 0
-    weights, values, caps = groups.weights.tolist(), groups.values.tolist(), groups.caps.tolist()
+    weights, values, caps, _ = lists
     while g < n:
         if g in runs:
             steps.append(runs[g])

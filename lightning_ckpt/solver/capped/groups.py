@@ -72,12 +72,6 @@ class Groups(NamedTuple):
             return np.maximum(per_option[0::2], per_option[1::2])
         return np.maximum.reduceat(per_option, self.starts[:-1]) if self.count else per_option[:0]
 
-    def subset(self, lo: int, hi: int, caps: np.ndarray) -> Groups:
-        """Groups ``lo:hi`` with the given caps (one per option of the range)."""
-        first, end = int(self.starts[lo]), int(self.starts[hi])
-        starts = self.starts[lo : hi + 1] - first
-        return Groups(self.weights[first:end], self.values[first:end], caps, starts, self.binary)
-
 
 def from_items(weights: np.ndarray, values: np.ndarray, take: np.ndarray, skip: np.ndarray) -> Groups:
     """The 0/1 knapsack with take and skip caps as two-option groups (leave out, take)."""

@@ -32,11 +32,11 @@ import numpy as np
 
 from lightning_ckpt.solver.capped import hirschberg
 from lightning_ckpt.solver.capped.frontier import solve_sparse
-from lightning_ckpt.solver.capped.groups import Groups, divided, from_items, reach
+from lightning_ckpt.solver.capped.groups import Groups, divided, from_items
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.runtime import interrupt
 
-__all__ = ["SPARSE_MAX_ENTRIES", "CappedAnswer", "cap_violation", "feasible", "solve_capped", "solve_groups"]
+__all__ = ["SPARSE_MAX_ENTRIES", "CappedAnswer", "cap_violation", "solve_capped", "solve_groups"]
 
 SPARSE_MAX_ENTRIES = 1 << 22
 """The sparse path gives up past this many frontier entries (all passes together; its history holds
@@ -97,18 +97,6 @@ def solve_capped(
     groups = from_items(weights, values, take, skip)
     answer = solve_groups(groups, capacity, sparse_first=sparse_first, workers=workers, options=options)
     return answer._replace(chosen=answer.chosen == 1)
-
-
-def feasible(groups: Groups, capacity: int) -> bool:
-    """Whether some choice meets every cap and the capacity.
-
-    Example:
-        >>> from lightning_ckpt.solver.capped.groups import from_options
-        >>> g = from_options(np.array([2, 3]), np.array([1.0, 1.0]), np.array([0, 2]), np.array([0, 1, 2]))
-        >>> feasible(g, 5), feasible(g, 4)
-        (True, False)
-    """
-    return bool(reach(groups, capacity)[0][0] >= 0)
 
 
 def cap_violation(
