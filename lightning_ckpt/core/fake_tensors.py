@@ -128,11 +128,12 @@ def optimizer_step_extra_bytes(optimizer: Any, fake: FakeModel, *, reuse: bool =
     formula_bytes = known_step_bytes(optimizer)
     if formula_bytes is not None:
         return formula_bytes
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    known = _measured_steps.setdefault(optimizer, {}) if reuse else {}
-    key = optimizer_step_key(optimizer.param_groups, _states(optimizer, optimizer.param_groups))
-    if key in known and all(id(p) in fake.twins for p in params):
-        return known[key]
+    if reuse:  # the key walks every parameter and state tensor: only where a step may be reused
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        known = _measured_steps.setdefault(optimizer, {})
+        key = optimizer_step_key(optimizer.param_groups, _states(optimizer, optimizer.param_groups))
+        if key in known and all(id(p) in fake.twins for p in params):
+            return known[key]
     try:
         twin = _twin_optimizer(optimizer, fake)
         twin.step()  # once, to make all of its state: a real step after the first has all of it

@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn as nn
 
-from lightning_ckpt._compat import tree_flatten, tree_leaves, tree_unflatten
+from lightning_ckpt._compat import tree_flatten, tree_leaves, tree_map_only, tree_unflatten
 from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.names import resolve_modules
 from lightning_ckpt.core.selective.costs import OptionCost, OptionTimes, option_costs, option_times
@@ -70,10 +70,14 @@ def _signature(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
 
 
 def _caught_inputs(
-    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, candidates: Sequence[str]
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    batch_idx: int,
+    modules: dict[str, nn.Module],
 ) -> tuple[dict[str, tuple], dict[tuple, tuple[str, tuple, dict]]]:
-    """Each candidate's signature, and one candidate per signature with its (detached) inputs."""
-    modules = resolve_modules(pl_module, list(candidates), argument="candidates")
+    """Each candidate's (``modules``: name -> module) signature, and one candidate per signature with its
+    (detached) inputs."""
     signatures: dict[str, tuple] = {}
     first: dict[tuple, tuple[str, tuple, dict]] = {}
 
@@ -82,8 +86,10 @@ def _caught_inputs(
             return
         signature = signatures[name] = _signature(module, args, kwargs)
         if signature not in first:
-            detach = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
-            first[signature] = (name, *torch.utils._pytree.tree_map(detach, (args, kwargs)))
+            first[signature] = (
+                name,
+                *tree_map_only(torch.Tensor, lambda t: t.detach().clone(), (args, kwargs)),
+            )
 
     handles = [
         module.register_forward_pre_hook(lambda m, a, k, n=name: catch(n, m, a, k), with_kwargs=True)
@@ -109,7 +115,7 @@ def options_in_fit(
         untouched_training_state(pl_module),
         no_gradient_sync(trainer),
     ):
-        signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, candidates)
+        signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, modules)
         times = _rank_zero_times(trainer, modules, signatures, first)
         measured = {
             signature: _sized(trainer, modules[name], args, kwargs, times[name])
@@ -180,8 +186,8 @@ def saved_options_in_fit(
         untouched_training_state(pl_module),
         no_gradient_sync(trainer),
     ):
-        signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, names)
         modules = resolve_modules(pl_module, names, argument="candidates")
+        signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, modules)
         measured = {}
         for signature, (name, args, kwargs) in first.items():
             wanted = {saved[n] for n, s in signatures.items() if s == signature and n in saved}

@@ -74,7 +74,7 @@ def candidate_options(
                 c.transient_bytes,
                 price,
                 c.saved_ops,
-                max(getattr(c, "output_bytes", 0), getattr(c, "forward_extra_bytes", 0)),
+                max(c.output_bytes, c.forward_extra_bytes),
             )
         )
     return _undominated(options) if prune else options
