@@ -21,8 +21,9 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_ckpt._compat import NormBase, autocast_enabled, tree_leaves
+from lightning_ckpt._compat import autocast_enabled, tree_leaves
 from lightning_ckpt.core.storage import LiveStorageTracker, storage_key, storage_of
+from lightning_ckpt.core.wrapping import running_stat_buffers
 
 
 @dataclass
@@ -353,11 +354,7 @@ def running_stats_bytes(module: nn.Module) -> int:
         >>> running_stats_bytes(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(16)))  # mean, var, count
         136
     """
-    norms = [m for m in module.modules() if isinstance(m, NormBase) and m.track_running_stats and m.training]
-    buffers = [
-        b for m in norms for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None
-    ]
-    return sum(b.numel() * b.element_size() for b in buffers)
+    return sum(b.numel() * b.element_size() for b in running_stat_buffers(module))
 
 
 def _storage_keys(tensors: list[torch.Tensor]) -> frozenset[int]:

@@ -100,18 +100,21 @@ def running_stats_frozen(module: nn.Module) -> Iterator[None]:
         >>> norm.running_mean.tolist(), int(norm.num_batches_tracked)
         ([0.0, 0.0], 0)
     """
-    norms = [m for m in module.modules() if isinstance(m, NormBase) and m.track_running_stats and m.training]
-    saved = [
-        [(b, b.clone()) for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
-        for m in norms
-    ]
+    saved = [(buffer, buffer.clone()) for buffer in running_stat_buffers(module)]
     try:
         yield
     finally:
         with torch.no_grad():
-            for buffers in saved:
-                for buffer, value in buffers:
-                    buffer.copy_(value)
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
+def running_stat_buffers(module: nn.Module) -> list[torch.Tensor]:
+    """The running statistics (mean, var, count) of ``module``'s norms in training that track them: what
+    :func:`running_stats_frozen` copies (and the profile counts, ``recorder.running_stats_bytes``)."""
+    norms = [m for m in module.modules() if isinstance(m, NormBase) and m.track_running_stats and m.training]
+    stats = [(m.running_mean, m.running_var, m.num_batches_tracked) for m in norms]
+    return [buffer for triple in stats for buffer in triple if buffer is not None]
 
 
 class _ReplayDone(BaseException):
