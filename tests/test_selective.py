@@ -3,6 +3,7 @@ checkpointing applied with removable hooks (gradients, held bytes, state_dict, r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -238,3 +239,33 @@ def test_checkpointing_removed_puts_a_selective_checkpoint_back_selective(profil
     assert selective_policy_of(model[0]) is policy
     assert is_checkpointed(model[1]) and selective_policy_of(model[1]) is None
     torch.testing.assert_close(_grads(model), expected)  # the fresh states recompute as before
+
+
+def test_selective_checkpointing_of_a_transformers_model_turns_its_kv_cache_off_while_training():
+    """As ``apply_checkpointing`` does (the same ``wrap_modules``): padded GPT-2 with its config's cache on,
+    its layers wrapped selectively, trains with the plain model's gradients and no cache; eval mode and
+    ``checkpointing_removed``'s restore keep that behaviour, ``remove_checkpointing`` gives the cache back."""
+    pytest.importorskip("transformers")
+    from real_models import PaddedLM, padded_token_loader
+
+    plain, wrapped = PaddedLM("gpt2"), PaddedLM("gpt2")
+    layers = list(wrapped.model.transformer.h)
+    names = [name for name, module in wrapped.named_modules() if any(module is layer for layer in layers)]
+    policy = SelectivePolicy(frozenset({("aten.addmm.default", 0)}))
+    assert apply_selective_checkpointing(wrapped, dict.fromkeys(names, policy)) == names
+    ids, mask = next(iter(padded_token_loader()))
+    labels = ids.masked_fill(mask == 0, -100)
+    for model in (plain, wrapped):
+        model.train()
+        torch.manual_seed(0)  # the same dropout masks
+        with checkpointing_removed(model) if model is wrapped else contextlib.nullcontext():
+            pass  # taken off and put back: still selective, the cache still off
+        out = model.model(input_ids=ids, attention_mask=mask, labels=labels)
+        assert (out.past_key_values is None) == (model is wrapped)
+        out.loss.backward()
+    assert all(selective_policy_of(layer) == policy for layer in layers)
+    for (name, param), reference in zip(wrapped.named_parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(param.grad, reference.grad, msg=name)
+    assert remove_checkpointing(wrapped) == names
+    with torch.no_grad():
+        assert wrapped.model(input_ids=ids, attention_mask=mask).past_key_values is not None

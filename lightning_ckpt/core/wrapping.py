@@ -42,7 +42,7 @@ import functools
 import logging
 import sys
 import warnings
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -61,6 +61,7 @@ __all__ = [
     "is_checkpointed",
     "remove_checkpointing",
     "strip_wrapper_prefixes",
+    "wrap_modules",
 ]
 
 log = logging.getLogger(__name__)
@@ -275,24 +276,45 @@ def apply_checkpointing(model: nn.Module, names: Iterable[str]) -> list[str]:
         >>> remove_checkpointing(model)
         ['0']
     """
-    modules = resolve_modules(model, list(names))
+    return wrap_modules(model, [(name, _Checkpoint) for name in names])
+
+
+def wrap_modules(
+    model: nn.Module,
+    states: list[tuple[str, Callable[[str], _Checkpoint]]],
+    *,
+    argument: str = "names",
+    what: str = "activation",
+) -> list[str]:
+    """Put on each named submodule the hooks of the state its factory makes (given the stripped name),
+    as :func:`apply_checkpointing` describes (names checked first, undone on an error, already
+    checkpointed ones skipped with a warning, the KV cache off while training); the selective kind
+    (``core.selective``) comes through here too. Returns the names wrapped; ``argument`` names the
+    names in errors, ``what`` the kind in the log."""
+    modules = resolve_modules(model, [name for name, _ in states], argument=argument)
+    factories = {strip_wrapper_prefixes(name): make for name, make in states}  # names checked: all str
     by_torch = checkpointed_by_torch(model, modules)
     wrapped: list[str] = []
     try:
         for name, module in modules.items():
             if is_checkpointed(module) or name in by_torch:
-                warnings.warn(f"module {name!r} is already checkpointed; not wrapping it twice", stacklevel=2)
+                warnings.warn(f"module {name!r} is already checkpointed; not wrapping it twice", stacklevel=3)
                 continue
             wrapped.append(name)  # before `_wrap`, so that a failure inside it is undone too
-            _wrap(module, _Checkpoint(name))
+            _wrap(module, factories[name](name))
     except BaseException:
         for name in wrapped:
             _unwrap(modules[name])
         raise
+    _cache_off(model, wrapped)
+    log.info("%s checkpointing applied to %d module(s): %s", what, len(wrapped), ", ".join(wrapped) or "-")
+    return wrapped
+
+
+def _cache_off(model: nn.Module, wrapped: list[str]) -> None:
+    """A transformers model's KV cache off in training while something is wrapped (until removed)."""
     if wrapped and _NO_CACHE not in model.__dict__:
         model.__dict__[_NO_CACHE] = cache_off_in_training(model)[1]
-    log.info("activation checkpointing applied to %d module(s): %s", len(wrapped), ", ".join(wrapped) or "-")
-    return wrapped
 
 
 def remove_checkpointing(model: nn.Module) -> list[str]:
@@ -336,13 +358,10 @@ def checkpointing_removed(model: nn.Module) -> Iterator[list[str]]:
     try:
         yield names
     finally:
-        full = [name for name in names if type(states[name][1]) is _Checkpoint]
-        if full:
-            apply_checkpointing(model, full)
-        for name in names:  # selective checkpointing: the same kind of state, its policy kept
+        for name in names:  # the same kind of state (a selective one keeps its policy)
             module, state = states[name]
-            if type(state) is not _Checkpoint:
-                _wrap(module, state.fresh())
+            _wrap(module, state.fresh())
+        _cache_off(model, names)
 
 
 def checkpointed_names(model: nn.Module) -> list[str]:

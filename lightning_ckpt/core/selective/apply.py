@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,12 +31,9 @@ import torch.nn as nn
 
 from lightning_ckpt._compat import checkpoint_region
 from lightning_ckpt.core import wrapping
-from lightning_ckpt.core.names import resolve_modules
 from lightning_ckpt.core.selective.policy import SelectivePolicy
 
 __all__ = ["apply_selective_checkpointing", "selective_policy_of"]
-
-log = logging.getLogger(__name__)
 
 
 class _SelectiveCheckpoint(wrapping._Checkpoint):
@@ -101,9 +96,10 @@ def selective_policy_of(module: nn.Module) -> SelectivePolicy | None:
 def apply_selective_checkpointing(model: nn.Module, policies: Mapping[str, SelectivePolicy]) -> list[str]:
     """Checkpoint the named submodules of ``model`` in place, each saving what its policy names.
 
-    As :func:`~lightning_ckpt.core.wrapping.apply_checkpointing`: names are checked before anything is
-    touched, an error part-way undoes this call, and modules already checkpointed (by either function or
-    by torch) are skipped with a warning.
+    As :func:`~lightning_ckpt.core.wrapping.apply_checkpointing` (both through
+    :func:`~lightning_ckpt.core.wrapping.wrap_modules`): names are checked before anything is touched, an
+    error part-way undoes this call, modules already checkpointed (by either function or by torch) are
+    skipped with a warning, and a transformers model's KV cache is off while it trains.
 
     Args:
         model: the model (names without wrapper prefixes).
@@ -119,19 +115,7 @@ def apply_selective_checkpointing(model: nn.Module, policies: Mapping[str, Selec
     for name, policy in policies.items():
         if not isinstance(policy, SelectivePolicy):
             raise TypeError(f"`policies[{name!r}]` must be a SelectivePolicy, got {type(policy).__name__}")
-    modules = resolve_modules(model, list(policies), argument="policies")
-    by_torch = wrapping.checkpointed_by_torch(model, modules)
-    wrapped: list[str] = []
-    try:
-        for name, module in modules.items():
-            if wrapping.is_checkpointed(module) or name in by_torch:
-                warnings.warn(f"module {name!r} is already checkpointed; not wrapping it twice", stacklevel=2)
-                continue
-            wrapped.append(name)
-            wrapping._wrap(module, _SelectiveCheckpoint(name, policies[name]))
-    except BaseException:
-        for name in wrapped:
-            wrapping._unwrap(modules[name])
-        raise
-    log.info("selective checkpointing applied to %d module(s): %s", len(wrapped), ", ".join(wrapped) or "-")
-    return wrapped
+    states = [
+        (name, functools.partial(_SelectiveCheckpoint, policy=policy)) for name, policy in policies.items()
+    ]
+    return wrapping.wrap_modules(model, states, argument="policies", what="selective")
