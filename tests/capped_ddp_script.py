@@ -76,30 +76,50 @@ def probe(out_dir: Path) -> None:
 
 
 class UnevenTokens(L.LightningDataModule):
-    """Rank 0: sequences of 16 tokens for two steps, then 32; rank 1: 32 from the start."""
+    """Rank 0: sequences of 16 tokens for two steps, then 32; rank 1: 32 from the start.
 
-    def train_dataloader(self):
-        lengths = (16, 16, 32, 32) if self.trainer.global_rank == 0 else (32,) * STEPS
-        generator = torch.Generator().manual_seed(self.trainer.global_rank)
+    Both ranks' rows are made when it is built, before the cap: on a device only the batch is there (rows
+    made inside ``train_dataloader`` put 4 KiB of tokens under the cap, over a plan within 3 KiB of it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = {
+            rank: self._rows(rank, (16, 16, 32, 32) if rank == 0 else (32,) * STEPS) for rank in (0, 1)
+        }
+
+    @staticmethod
+    def _rows(rank: int, lengths: tuple[int, ...]) -> list:
+        generator = torch.Generator().manual_seed(rank)
         rows = []
         for length in lengths:
             tokens = torch.randint(0, 256, (BATCH, length + 1), generator=generator)
             rows += [(row[:-1], row[1:]) for row in tokens]
-        return torch.utils.data.DataLoader(rows, batch_size=BATCH, shuffle=False)
+        return rows
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(
+            self.rows[self.trainer.global_rank], batch_size=BATCH, shuffle=False
+        )
 
 
 class MixedShapes(L.LightningDataModule):
-    """Rank 0: (1, 256) batches; rank 1: (5, 64); vocabulary 2048."""
+    """Rank 0: (1, 256) batches; rank 1: (5, 64); vocabulary 2048 (made before the cap, as above)."""
 
-    def train_dataloader(self):
-        rank = self.trainer.global_rank
-        batch, length = (1, 256) if rank == 0 else (5, 64)
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = {rank: self._rows(rank, *((1, 256) if rank == 0 else (5, 64))) for rank in (0, 1)}
+
+    @staticmethod
+    def _rows(rank: int, batch: int, length: int) -> list:
         generator = torch.Generator().manual_seed(rank)
         rows = []
         for _ in range(STEPS):
             tokens = torch.randint(0, 2048, (batch, length + 1), generator=generator)
             rows.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
-        return torch.utils.data.DataLoader(rows, batch_size=None)
+        return rows
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(self.rows[self.trainer.global_rank], batch_size=None)
 
 
 class PolicySpy(L.Callback):
