@@ -236,9 +236,7 @@ class AutoCheckpoint(Callback):
         plan = self._book.plans[shapes]
         if self._shapes is not None:  # every few steps under dynamic padding: debug, not info
             log.debug(
-                "AutoCheckpoint: the plan for %s (%d checkpointed)",
-                _text(shapes),
-                len(plan.checkpointed),
+                "AutoCheckpoint: the plan for %s (%d checkpointed)", _text(shapes), len(plan.checkpointed)
             )
         apply_plan(pl_module, plan)
         self._shapes = self._book.current = shapes
@@ -372,6 +370,7 @@ class AutoCheckpoint(Callback):
                 "AutoCheckpoint: cannot profile again at the plan's shapes; keeping the current plan"
             )
             return
+        self._options.ensure(trainer, pl_module, batch, batch_idx, self._candidates(pl_module), shapes)
         try:
             plan = self._options.decide(trainer, profile, shapes, max(self.budget_bytes - overshoot_bytes, 0))
         except BudgetTooSmallError as error:

@@ -69,3 +69,18 @@ def test_a_saved_plan_whose_op_calls_the_model_no_longer_makes_is_refused(saved,
     assert "('aten.addmm.default', 99), which is not a savable call of its forward now" in info_logs.text
     assert ["aten.addmm.default", 99] not in [list(c) for i in second.plan.items for c in i.saved_ops]
     assert second.plan.measured_peak_bytes <= budget
+
+
+def test_a_re_plan_after_a_resume_weighs_measured_options_not_only_keep_and_checkpoint(saved, info_logs):
+    """The resumed plan's options are sized, not timed; when its first measured step comes out over the
+    budget (here 10 kB over, reported by the meter), the re-plan measures the options first, so it can
+    still choose selective ones."""
+    budget, plan, ckpt = saved
+    second = AutoCheckpoint(budget_gb=budget / GB, cost="flops", granularity="op")
+    measured = second._stop_measuring
+    second._stop_measuring = lambda: max(measured(), budget + 10_000)
+    capped_fit(budget, [second], loader((32,) * 4), 4, ckpt_path=ckpt)
+    assert "holds on a fresh profile" in info_logs.text and "AutoCheckpoint re-plan" in info_logs.text
+    replanned = second.plan
+    assert replanned.replanned and replanned.selective, replanned
+    assert replanned.predicted_peak_bytes <= budget - 10_000

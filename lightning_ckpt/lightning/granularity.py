@@ -15,7 +15,13 @@ import lightning.pytorch as pl
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.op_options import options_in_fit, saved_options_in_fit
-from lightning_ckpt.lightning.ranks import broadcast_plan, decide_plan, heaviest_rank, max_over_ranks
+from lightning_ckpt.lightning.ranks import (
+    any_rank,
+    broadcast_plan,
+    decide_plan,
+    heaviest_rank,
+    max_over_ranks,
+)
 from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, pad_batch
 from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.planning.op_plan import make_op_plan, op_plan_peak_bytes
@@ -142,6 +148,12 @@ class OptionBook:
         need new options where this one has them."""
         if self.config.granularity == "op" and (trainer.world_size > 1 or shapes not in self.options):
             self.options[shapes] = options_at_shapes(trainer, pl_module, batch, batch_idx, candidates, shapes)
+
+    def ensure(self, trainer, pl_module, batch, batch_idx: int, candidates, shapes: BatchShapes) -> None:
+        """:meth:`measure` where some rank has no options at ``shapes`` (a re-plan after a resume: the saved
+        plan's options were sized, not measured). On several devices a collective."""
+        if self.config.granularity == "op" and any_rank(trainer, shapes not in self.options)[0]:
+            self.measure(trainer, pl_module, batch, batch_idx, candidates, shapes)
 
     def decide(
         self, trainer: pl.Trainer, profile: StepProfile, shapes: BatchShapes, budget_bytes: int | None = None
