@@ -235,9 +235,7 @@ class AutoCheckpoint(Callback):
         """Apply the plan made for ``shapes``."""
         plan = self._book.plans[shapes]
         if self._shapes is not None:  # every few steps under dynamic padding: debug, not info
-            log.debug(
-                "AutoCheckpoint: the plan for %s (%d checkpointed)", _text(shapes), len(plan.checkpointed)
-            )
+            log.debug("AutoCheckpoint: plan for %s (%d checkpointed)", _text(shapes), len(plan.checkpointed))
         apply_plan(pl_module, plan)
         self._shapes = self._book.current = shapes
         log_metrics(trainer, plan)
@@ -262,7 +260,9 @@ class AutoCheckpoint(Callback):
         profile_at = functools.partial(self._profile, trainer, pl_module, batch, batch_idx)
         target = key if key is not None else family_top(shapes, self._book.plans)
         target = shapes if target in self._book.refused else target
-        profile = profile_at(target)
+        # a rank whose plan holds while another rank needs one plans from the profile it has
+        reuse = key is not None and key not in self._book.unchecked and target in self._book.profiles
+        profile = self._book.profiles[target] if reuse else profile_at(target)
         (failed,) = any_rank(trainer, profile is None)  # the step does not run at the top shapes
         if failed and target != shapes:
             self._book.refused.add(target)

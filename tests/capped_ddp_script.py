@@ -141,6 +141,8 @@ def capped(
     op_level = {"granularity": "op", "cost": "flops"} if op else {}
     callback = AutoCheckpoint(budget_gb=budget_bytes / 1e9, **op_level)
     L.seed_everything(0, verbose=False)
+    profiles, profile = [], callback._profile
+    callback._profile = lambda *args: profiles.append(args[-1]) or profile(*args)  # count the step's profiles
     spy = PolicySpy()
     trainer = ddp_trainer(callback, STEPS, spy, use_distributed_sampler=not (uneven or mixed))
     loader = UnevenTokens() if uneven else token_loader(batch_size=BATCH, num_batches=2 * STEPS)
@@ -158,6 +160,7 @@ def capped(
     (out_dir / f"plan{trainer.global_rank}.json").write_text(json.dumps(plan, sort_keys=True))
     facts = {
         "plans": len(callback.plans),
+        "profiles": len(profiles),
         "callback_budget_bytes": callback.budget_bytes,
         "global_step": trainer.global_step,
         "peak_bytes": cap.peak_bytes,

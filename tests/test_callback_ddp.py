@@ -72,6 +72,7 @@ def test_ddp_ranks_stay_within_a_device_of_exactly_the_budget(tmp_path, mode):
         facts = json.loads((tmp_path / f"facts{rank}.json").read_text())
         assert facts["callback_budget_bytes"] == budget_bytes and facts["global_step"] == 4
         assert facts["plans"] == (2 if mode == "uneven" and rank == 0 else 1)
+        assert facts["profiles"] == facts["plans"], "a rank whose plan holds plans from its own profile"
         assert facts["peak_bytes"] > bounds["static"], "the cap saw the rank's training memory"
 
 
