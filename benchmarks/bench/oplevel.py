@@ -41,9 +41,9 @@ from lightning_ckpt.core.selective.options import profile_block
 from lightning_ckpt.core.selective.policy import SelectivePolicy
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
 from lightning_ckpt.planning import make_plan
-from lightning_ckpt.planning.choices import Option, choice_peak_bytes
+from lightning_ckpt.planning.choices import choice_peak_bytes
 from lightning_ckpt.planning.nested import prefix_form
-from lightning_ckpt.planning.op_plan import make_op_plan
+from lightning_ckpt.planning.op_plan import candidate_options, make_op_plan
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.testing import memory_cap
 
@@ -108,26 +108,16 @@ def _block_costs(model: GPT, idx: torch.Tensor) -> list[OptionCost]:
 
 
 def _predict(form, profile, costs: list[OptionCost], arrangement: dict) -> int:
-    """The predicted peak of an arrangement (block name -> "checkpoint" or an OptionCost)."""
+    """The predicted peak of an arrangement (block name -> "checkpoint" or an OptionCost), with the
+    planner's own options (:func:`candidate_options`, unpruned: its held-bytes correction included)."""
     weight = dict(zip(form.order, form.weight_bytes, strict=True))
     options, choice = [], []
     for i, module in enumerate(profile.modules):
-        group = [Option("keep", "keep", weight[i], 0, 0.0), Option("checkpoint", "checkpoint", 0, 0, 1.0)]
+        group = candidate_options(module, weight[i], costs, "flops", prune=False)
         what = arrangement.get(module.name)
-        if isinstance(what, OptionCost):
-            group.append(
-                Option(
-                    what.name,
-                    "selective",
-                    what.held_bytes,
-                    what.transient_bytes,
-                    0.5,
-                    (),
-                    max(what.output_bytes, what.forward_extra_bytes),
-                )
-            )
+        name = "keep" if what is None else "checkpoint" if what == "checkpoint" else what.name
         options.append(group)
-        choice.append(0 if what is None else 1 if what == "checkpoint" else 2)
+        choice.append(next(j for j, option in enumerate(group) if option.name == name))
     return choice_peak_bytes(form, options, choice)
 
 
