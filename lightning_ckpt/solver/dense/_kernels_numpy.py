@@ -168,7 +168,7 @@ def _fill_rows(sizes, gains, capacity, reach_after, low, stop) -> list[np.ndarra
         start = lo if lo > w else w
         if start <= hi:
             dst = cur[start : hi + 1]
-            np.add(prev[start - w : hi + 1 - w], gains[i], out=dst)
+            np.add(prev[start - w : hi + 1 - w], gains[i], dst)  # positional out: 0.15 us less
             np.maximum(dst, prev[start : hi + 1], out=dst)
         if lo < start:
             cur[lo:start] = prev[lo:start]

@@ -75,8 +75,10 @@ def int_total(weights: np.ndarray) -> int:
 
 
 def _trivial(weights, values, index, capacity):
-    """Take zero-weight items, drop useless ones; take all if all fit. Returns taken, kept."""
-    w, v = weights[index], values[index]
+    """Take zero-weight items, drop useless ones; take all if all fit. Returns taken, kept
+    (``index`` None: every item)."""
+    w, v = (weights, values) if index is None else (weights[index], values[index])
+    index = np.arange(len(weights)) if index is None else index
     free = w == 0
     useful = ~free & (v > 0) & (w <= capacity)
     taken, kept = index[free], index[useful]
@@ -87,8 +89,9 @@ def _trivial(weights, values, index, capacity):
 
 def _greedy_lower_bound(weights: np.ndarray, values: np.ndarray, capacity: int, brk: int) -> float:
     """Value of the ratio-greedy solution (items sorted by ratio, best first; the first ``brk`` fit
-    together). Past them only items lighter than the room left can fit (it only shrinks); values
-    are added one by one in item order, as a plain loop over all items would."""
+    together; every weight at most ``capacity``). Past them only items lighter than the room left
+    can fit (it only shrinks); values are added one by one in item order, as a plain loop over all
+    items would."""
     total = 0.0
     for v in values[:brk].tolist():
         total += v
@@ -98,8 +101,7 @@ def _greedy_lower_bound(weights: np.ndarray, values: np.ndarray, capacity: int, 
         if w <= room:
             room -= w
             total += v
-    best_single = float(values[weights <= capacity].max(initial=0.0))
-    return max(total, best_single)
+    return max(total, float(values.max(initial=0.0)))  # the best single item: every weight fits
 
 
 def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -131,6 +133,8 @@ def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.n
     margin = _LP_MARGIN_RELATIVE * max(z_lp, 1e-300)
     bound = z_lp - np.abs(v - ratio * w)
     fixable = bound < lower - margin
+    if not fixable.any():  # strongly correlated items: nothing to scatter back (B n=54: 18 us, now 13)
+        return no_fix, no_fix.copy()
     positions = np.arange(len(w))
     fixed_in, fixed_out = no_fix.copy(), no_fix.copy()
     fixed_in[order] = fixable & (positions < brk)
@@ -195,8 +199,7 @@ def reduce_instance(weights: np.ndarray, values: np.ndarray, capacity: int, *, u
         capacity: Validated capacity.
         use_lp: Also fix items by the LP bound and merge identical items.
     """
-    index = np.arange(len(weights))
-    taken, kept = _trivial(weights, values, index, capacity)
+    taken, kept = _trivial(weights, values, None, capacity)
     if len(kept) and use_lp:
         fixed_in, fixed_out = lp_fix(weights[kept], values[kept], capacity)
         if fixed_in.any() or fixed_out.any():  # else the trivial step would find what it found before
