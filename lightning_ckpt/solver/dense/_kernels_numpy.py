@@ -110,42 +110,35 @@ def solve_leaf_rows(
     rows = _fill_rows(sizes, values.tolist(), capacity, reach_after, low, stop)
     if rows is None:
         return None
-    chosen = np.zeros(len(sizes), dtype=np.bool_)
-    c = capacity
+    picked, c = [], capacity
     for i in range(len(sizes) - 1, -1, -1):
         if sizes[i] > capacity:
             continue
         c = min(c, reach_after[i])  # beyond its reach, item i's profile is flat
-        if rows[i + 1][c] != rows[i][c]:
-            chosen[i] = True
+        if rows[i + 1].item(c) != rows[i].item(c):  # .item: a Python float, no numpy scalar
+            picked.append(i)
             c -= sizes[i]
+    chosen = np.zeros(len(sizes), dtype=np.bool_)
+    chosen[picked] = True
     return chosen
 
 
 def windows(weights: np.ndarray, capacity: int) -> tuple[list[int], list[int], list[int]]:
     """``(sizes, reach_after, low)``: the weights as ints; the most weight the items up to ``i``
-    reach (at most ``capacity``); the least capacity a backtrack from ``capacity`` can read at item
-    ``i`` (``capacity`` less the chosen weights after ``i``, and never above the reach).
+    reach (at most ``capacity``); for an item that fits, the least capacity a backtrack from
+    ``capacity`` can read at item ``i``: ``max(0, min over j >= i of reach_after[j] less the
+    weights of items i+1..j)`` (``capacity`` less the chosen weights after ``i``, and never above
+    the reach). Items heavier than ``capacity`` weigh 0 in these sums (they are never chosen).
 
     Example:
         >>> windows(np.array([2, 3, 4]), 5)
         ([2, 3, 4], [2, 5, 5], [0, 1, 5])
     """
-    sizes = weights.tolist()
-    reach_after, reach = [], 0
-    for w in sizes:
-        if w <= capacity:
-            reach = min(capacity, reach + w)
-        reach_after.append(reach)
-    low, floor = [0] * len(sizes), capacity
-    for i in range(len(sizes) - 1, -1, -1):
-        w = sizes[i]
-        if w <= capacity:
-            floor = min(floor, reach_after[i])
-        low[i] = floor
-        if w <= capacity:
-            floor = floor - w if floor > w else 0
-    return sizes, reach_after, low
+    fits = np.where(weights <= capacity, weights, 0)
+    total = np.cumsum(fits)  # int64: validated weights sum to at most 2**62
+    reach = np.minimum(total, capacity)
+    least = np.minimum.accumulate((reach - total)[::-1])[::-1]
+    return weights.tolist(), reach.tolist(), np.maximum(total + least, 0).tolist()
 
 
 def _fill_rows(sizes, gains, capacity, reach_after, low, stop) -> list[np.ndarray] | None:

@@ -61,12 +61,11 @@ class Core:
         if len(self.members) == len(self.group):  # no bundles: core item i is members[i]
             return np.sort(np.concatenate([self.taken, self.members[chosen]]).astype(np.int64))
         counts = np.bincount(self.group[chosen], weights=self.copies[chosen], minlength=len(self.starts) - 1)
-        picked = [
-            self.members[start : start + int(k)]
-            for start, k in zip(self.starts[:-1], counts, strict=True)
-            if k
-        ]
-        return np.sort(np.concatenate([self.taken, *picked]).astype(np.int64))
+        sizes = np.diff(self.starts)
+        of = np.repeat(np.arange(len(sizes)), sizes)  # each member's group
+        rank = np.arange(len(self.members)) - self.starts[of]  # its place in the group
+        picked = self.members[rank < counts[of]]  # the first counts[g] members of each group g
+        return np.sort(np.concatenate([self.taken, picked]).astype(np.int64))
 
 
 def int_total(weights: np.ndarray) -> int:
