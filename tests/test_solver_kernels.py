@@ -193,3 +193,22 @@ def test_streaming_groups_of_items_heavier_than_the_window_match_item_by_item():
         full_profile(numba_kernels, weights, values, capacity, outs[0], window, 8, int(rng.integers(1, 64)))
         full_profile(_kernels_numpy, weights, values, capacity, outs[1])
         np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compile_sized_solves_choose_the_same_set_on_numpy_and_numba(family, monkeypatch):
+    """``torch.compile``-sized uncapped solves (n = 42-54, W up to 5,000; one leaf, on numpy the rows
+    of ``solve_leaf_rows``): the same value and set as with the numba kernels."""
+    from lightning_ckpt.solver import solve_knapsack
+    from lightning_ckpt.solver.runtime import backend
+
+    cases = [
+        make_instance(family, n, w, seed) for n, w in ((42, 1000), (48, 5000), (54, 5000)) for seed in (1, 2)
+    ]
+    backend.load_numba()
+    on_numba = [solve_knapsack(*case) for case in cases]
+    monkeypatch.setattr(backend, "KERNEL", "numpy")
+    on_numpy = [solve_knapsack(*case) for case in cases]
+    assert backend.compiled(1, backend.DENSE_NUMBA) is None  # numpy kernels throughout
+    assert [(r.value, r.chosen) for r in on_numpy] == [(r.value, r.chosen) for r in on_numba]
+    assert sum(r.stats.path == "hirschberg" for r in on_numpy) >= 5  # a leaf left to solve
