@@ -90,6 +90,32 @@ def test_leaf_kernels_agree_on_long_rows_of_many_blocks_and_bytes():
         np.testing.assert_array_equal(bits[0], bits[1])
 
 
+def test_leaf_rows_choose_the_set_the_bit_table_backtracks():
+    """``solve_leaf_rows`` (a row per item, windows from both ends) against ``fill_leaf`` and
+    ``backtrack``: the same mask, ties (integral values), zero weights and items heavier than the
+    capacity included; a set stop flag gives None."""
+    rng = np.random.default_rng(4)
+    stop = np.zeros(1, np.uint8)
+    for trial in range(400):
+        weights, values, capacity = random_items(rng, n_max=12, weight_max=[20, 60][trial % 2])
+        if trial % 3 == 0:
+            values = np.floor(values)
+        bits = np.zeros((len(weights), capacity // 8 + 1), dtype=np.uint8)
+        _kernels_numpy.fill_leaf(weights, values, capacity, np.empty(capacity + 1), bits, stop)
+        expected = np.zeros(len(weights), dtype=np.bool_)
+        _kernels_numpy.backtrack(weights, capacity, bits, expected)
+        np.testing.assert_array_equal(
+            _kernels_numpy.solve_leaf_rows(weights, values, capacity, stop), expected
+        )
+    weights, values, capacity = make_instance("B", 54, 5000, seed=1)  # long rows, windows from both ends
+    bits = np.zeros((54, 5000 // 8 + 1), dtype=np.uint8)
+    _kernels_numpy.fill_leaf(weights, values, capacity, np.empty(capacity + 1), bits, stop)
+    expected = np.zeros(54, dtype=np.bool_)
+    _kernels_numpy.backtrack(weights, capacity, bits, expected)
+    np.testing.assert_array_equal(_kernels_numpy.solve_leaf_rows(weights, values, capacity, stop), expected)
+    assert _kernels_numpy.solve_leaf_rows(weights, values, capacity, np.ones(1, np.uint8)) is None
+
+
 def test_checkpoint_on_the_way_equals_the_prefix_profile_and_keeps_the_full_one():
     rng = np.random.default_rng(4)
     for _ in range(300):
@@ -167,3 +193,22 @@ def test_streaming_groups_of_items_heavier_than_the_window_match_item_by_item():
         full_profile(numba_kernels, weights, values, capacity, outs[0], window, 8, int(rng.integers(1, 64)))
         full_profile(_kernels_numpy, weights, values, capacity, outs[1])
         np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compile_sized_solves_choose_the_same_set_on_numpy_and_numba(family, monkeypatch):
+    """``torch.compile``-sized uncapped solves (n = 42-54, W up to 5,000; one leaf, on numpy the rows
+    of ``solve_leaf_rows``): the same value and set as with the numba kernels."""
+    from lightning_ckpt.solver import solve_knapsack
+    from lightning_ckpt.solver.runtime import backend
+
+    cases = [
+        make_instance(family, n, w, seed) for n, w in ((42, 1000), (48, 5000), (54, 5000)) for seed in (1, 2)
+    ]
+    backend.load_numba()
+    on_numba = [solve_knapsack(*case) for case in cases]
+    monkeypatch.setattr(backend, "KERNEL", "numpy")
+    on_numpy = [solve_knapsack(*case) for case in cases]
+    assert backend.compiled(1, backend.DENSE_NUMBA) is None  # numpy kernels throughout
+    assert [(r.value, r.chosen) for r in on_numpy] == [(r.value, r.chosen) for r in on_numba]
+    assert sum(r.stats.path == "hirschberg" for r in on_numpy) >= 5  # a leaf left to solve

@@ -8,7 +8,8 @@ first and once with numba off (``LIGHTNING_CKPT_NO_NUMBA=1``: what a process pay
 numpy work passes numba's load cost); rounds alternate the
 trees, and the table shows the best time per call (best of the calls that fit in 0.2 s) over the
 rounds, and the ratio base / this (above 1: this tree is faster). Instances are made here and
-handed over in a file.
+handed over in a file. ``--fresh N`` adds, per tree, the median of N first calls, each in a new
+process (numba installed and not off: what a process pays before the ski-rental rule loads it).
 
 Example::
 
@@ -52,6 +53,22 @@ print(json.dumps(best))
 """
 
 
+_FRESH_CODE = """
+import time
+import numpy as np
+from lightning_ckpt.solver import solve_knapsack
+arrays = np.load({path!r})
+name = {name!r}
+w, v, cap = arrays[name + ".w"], arrays[name + ".v"], int(arrays[name + ".cap"])
+caps = {{}}
+if name + ".take" in arrays:
+    caps = {{"prefix_capacities": arrays[name + ".take"], "skip_capacities": arrays[name + ".skip"]}}
+start = time.perf_counter()
+solve_knapsack(w, v, cap, **caps)
+print(time.perf_counter() - start)
+"""
+
+
 def instances() -> dict[str, tuple]:
     """Name -> ``(weights, values, capacity[, take, skip])``."""
     from benchmarks.bench.fresh import instance
@@ -77,13 +94,27 @@ def _child(tree: str, path: str, names: list[str], numba: bool) -> dict[str, flo
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _fresh(tree: str, path: str, name: str) -> float:
+    """Seconds of the first ``solve_knapsack`` call in a new process (the import not counted)."""
+    env = dict(os.environ, PYTHONPATH=tree)
+    env.pop("LIGHTNING_CKPT_NO_NUMBA", None)
+    code = _FRESH_CODE.format(path=path, name=name)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench.small", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--base", required=True, help="a checkout of the tree to compare with")
     parser.add_argument("--rounds", type=int, default=3, help="alternated rounds (3)")
+    parser.add_argument("--fresh", type=int, default=0, help="fresh processes per instance and tree (0)")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.fresh < 0:
+        parser.error(f"--rounds must be >= 1 and --fresh >= 0, got {args.rounds} and {args.fresh}")
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     made = instances()
     names = list(made)
@@ -103,9 +134,16 @@ def main(argv: list[str] | None = None) -> int:
                     seen = best.setdefault((tree, numba), {})
                     for name, seconds in times.items():
                         seen[name] = min(seen.get(name, np.inf), seconds)
+        fresh: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.fresh):
+            for name in names:
+                for tree in (here, os.path.abspath(args.base)):
+                    fresh.setdefault((tree, name), []).append(_fresh(tree, path, name))
     print("# best ms per call over the rounds; ratio = base / this (above 1: this tree is faster)")
+    fresh_head = f" {'fresh this':>10} {'base':>8} {'ratio':>6}" if args.fresh else ""
     print(
         f"{'instance':<22} {'numpy this':>10} {'base':>8} {'ratio':>6} {'numba this':>11} {'base':>8} {'ratio':>6}"
+        + fresh_head
     )
     base = os.path.abspath(args.base)
     for name in names:
@@ -113,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         for numba in (False, True):
             ours, theirs = best[(here, numba)][name] * 1e3, best[(base, numba)][name] * 1e3
             cells.append(f"{ours:>10.3f} {theirs:>8.3f} {theirs / ours:>6.2f}")
-        print(f"{name:<22} {cells[0]} {cells[1]:>26}")
+        if args.fresh:  # median ms of the first calls
+            ours, theirs = (float(np.median(fresh[(tree, name)])) * 1e3 for tree in (here, base))
+            cells.append(f" {ours:>10.3f} {theirs:>8.3f} {theirs / ours:>6.2f}")
+        print(f"{name:<22} {cells[0]} {cells[1]:>26}" + "".join(cells[2:]))
+    if args.fresh:
+        print(f"# fresh: median ms of {args.fresh} first calls, each in a new process (numba not off)")
     return 0
 
 

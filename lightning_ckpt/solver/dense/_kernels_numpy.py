@@ -87,6 +87,87 @@ def fill_leaf(
     out[reach + 1 : capacity + 1] = out[reach]
 
 
+ROWS_MAX_CELLS = 1 << 20
+"""Largest leaf (items + 1) x (capacity + 1) that ``solve_leaf_rows`` solves: its float64 table of
+rows is then at most 8 MiB (``fill_leaf``'s bits take 1/64 of that)."""
+
+
+def solve_leaf_rows(
+    weights: np.ndarray, values: np.ndarray, capacity: int, stop: np.ndarray
+) -> np.ndarray | None:
+    """``fill_leaf`` and ``backtrack`` in two numpy calls an item (``fill_leaf`` makes four): each
+    item's profile goes to its own row of a table, item ``i`` improved ``c`` where its row differs
+    from the one before, and each item's pass covers only the capacities ``windows`` says a backtrack
+    from ``capacity`` can read. Same float operations per cell, so the same mask (B n=54, W=5,000:
+    about 20% less time). None when ``stop[0]`` was set before the leaf was done.
+
+    Example:
+        >>> stop = np.zeros(1, dtype=np.bool_)
+        >>> solve_leaf_rows(np.array([2, 3, 4]), np.array([3.0, 4.0, 5.5]), 5, stop).tolist()
+        [True, True, False]
+    """
+    sizes, reach_after, low = windows(weights, capacity)
+    rows = _fill_rows(sizes, values.tolist(), capacity, reach_after, low, stop)
+    if rows is None:
+        return None
+    picked, c = [], capacity
+    for i in range(len(sizes) - 1, -1, -1):
+        if sizes[i] > capacity:
+            continue
+        c = min(c, reach_after[i])  # beyond its reach, item i's profile is flat
+        if rows[i + 1].item(c) != rows[i].item(c):  # .item: a Python float, no numpy scalar
+            picked.append(i)
+            c -= sizes[i]
+    chosen = np.zeros(len(sizes), dtype=np.bool_)
+    chosen[picked] = True
+    return chosen
+
+
+def windows(weights: np.ndarray, capacity: int) -> tuple[list[int], list[int], list[int]]:
+    """``(sizes, reach_after, low)``: the weights as ints; the most weight the items up to ``i``
+    reach (at most ``capacity``); for an item that fits, the least capacity a backtrack from
+    ``capacity`` can read at item ``i``: ``max(0, min over j >= i of reach_after[j] less the
+    weights of items i+1..j)`` (``capacity`` less the chosen weights after ``i``, and never above
+    the reach). Items heavier than ``capacity`` weigh 0 in these sums (they are never chosen).
+
+    Example:
+        >>> windows(np.array([2, 3, 4]), 5)
+        ([2, 3, 4], [2, 5, 5], [0, 1, 5])
+    """
+    fits = np.where(weights <= capacity, weights, 0)
+    total = np.cumsum(fits)  # int64: validated weights sum to at most 2**62
+    reach = np.minimum(total, capacity)
+    least = np.minimum.accumulate((reach - total)[::-1])[::-1]
+    return weights.tolist(), reach.tolist(), np.maximum(total + least, 0).tolist()
+
+
+def _fill_rows(sizes, gains, capacity, reach_after, low, stop) -> list[np.ndarray] | None:
+    """Row ``i + 1`` of the table: item ``i``'s profile on ``low[i]..reach_after[i]`` (an item
+    heavier than ``capacity`` shares the row before it). The loop zips plain lists (B n=42: 78 us,
+    now 69)."""
+    table = np.empty((len(sizes) + 1, capacity + 1))
+    prev, prev_reach = table[0], 0
+    prev[0] = 0.0
+    rows = [prev]
+    for w, v, lo, hi, cur in zip(sizes, gains, low, reach_after, table[1:], strict=True):
+        if stop[0]:
+            return None
+        if w > capacity:
+            rows.append(prev)
+            continue
+        if hi > prev_reach:  # the previous profile is flat past its reach
+            prev[prev_reach + 1 : hi + 1] = prev[prev_reach]
+        if lo < w:  # capacities below w: the row before, unchanged (hi >= w: this item fits)
+            cur[lo:w] = prev[lo:w]
+            lo = w
+        dst = cur[lo : hi + 1]
+        np.add(prev[lo - w : hi + 1 - w], v, dst)  # positional out: 0.15 us less
+        np.maximum(dst, prev[lo : hi + 1], out=dst)
+        rows.append(cur)
+        prev, prev_reach = cur, hi
+    return rows
+
+
 def backtrack(weights: np.ndarray, capacity: int, keep_bits: np.ndarray, chosen: np.ndarray) -> None:
     """Read the chosen items back from a decision-bit table: ``backtrack_loops`` on Python ints
     (numpy scalar reads cost about 0.1 us each: B n=54, W=5,000 took 37 us, now 19)."""

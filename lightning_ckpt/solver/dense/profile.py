@@ -107,7 +107,9 @@ def solve_leaf(
     """Solve a small segment exactly, keeping one decision bit per item and capacity.
 
     Uses ``out[:capacity + 1]`` as the profile and ``len(weights) * (capacity + 1)`` bits of
-    decision table, then backtracks from ``capacity``.
+    decision table, then backtracks from ``capacity``; on numpy a leaf of at most
+    ``_kernels_numpy.ROWS_MAX_CELLS`` cells instead keeps one float64 row per item (two numpy calls
+    an item, not four; the same mask).
 
     Args:
         weights: Item weights (integers >= 0).
@@ -127,13 +129,17 @@ def solve_leaf(
         [True, True, False]
     """
     weights, values = _as_items(weights, values)
-    keep_bits = np.zeros((len(weights), (int(capacity) >> 3) + 1), dtype=np.uint8)
-    stop = new_stop_flag() if stop is None else stop
-    kernels = _kernels(len(weights) * (int(capacity) + 1), len(weights))
-    kernels.fill_leaf(weights, values, int(capacity), out, keep_bits, stop)
+    stop, n, capacity = new_stop_flag() if stop is None else stop, len(weights), int(capacity)
+    kernels = _kernels(n * (capacity + 1), n)
+    if kernels is _kernels_numpy and (n + 1) * (capacity + 1) <= _kernels_numpy.ROWS_MAX_CELLS:
+        chosen = _kernels_numpy.solve_leaf_rows(weights, values, capacity, stop)
+        raise_if_stopped(stop)
+        return chosen
+    keep_bits = np.zeros((n, (capacity >> 3) + 1), dtype=np.uint8)
+    kernels.fill_leaf(weights, values, capacity, out, keep_bits, stop)
     raise_if_stopped(stop)
-    chosen = np.zeros(len(weights), dtype=np.bool_)
-    kernels.backtrack(weights, int(capacity), keep_bits, chosen)
+    chosen = np.zeros(n, dtype=np.bool_)
+    kernels.backtrack(weights, capacity, keep_bits, chosen)
     return chosen
 
 
