@@ -34,6 +34,8 @@ try:  # torch 2.5-2.13: FlopCounterMode's own dispatch mode, apart from its modu
 except ImportError:  # torch 2.4: the counter is its own dispatch mode
     FlopDispatchMode = None
 
+from torch._ops import HigherOrderOperator  # torch 2.4-2.13: cond, while_loop, flex_attention and the like
+
 __all__ = [
     "CHECKPOINT_WRAPPER_CLASS",
     "COMPILED_MODULE_CLASS",
@@ -41,6 +43,7 @@ __all__ = [
     "FakeTensor",
     "FakeTensorMode",
     "FlopDispatchMode",
+    "HigherOrderOperator",
     "NormBase",
     "TorchDispatchMode",
     "autocast_enabled",
@@ -55,6 +58,7 @@ __all__ = [
     "fsdp2_post_forward_mesh_infos",
     "fsdp_policy_classes",
     "give_device_mesh",
+    "has_composite_implicit_kernel",
     "init_fake_process_group",
     "inner_tensors",
     "is_traceable_wrapper_subclass",
@@ -258,3 +262,17 @@ def default_foreach(params: list[torch.Tensor]) -> bool:
     from torch.optim.optimizer import _default_to_fused_or_foreach
 
     return bool(_default_to_fused_or_foreach(list(params), differentiable=False, use_fused=False)[1])
+
+
+def has_composite_implicit_kernel(op: Any) -> bool:
+    """Whether the op overload ``op`` has a C++ or Python ``CompositeImplicitAutograd`` kernel: the only
+    case where ``op.decompose(...)`` does anything (torch 2.4-2.13: ``OpOverload.decompose``).
+
+    Example:
+        >>> has_composite_implicit_kernel(torch.ops.aten.mm.default)
+        False
+        >>> has_composite_implicit_kernel(torch.ops.aten.linear.default)
+        True
+    """
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return key in op.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)

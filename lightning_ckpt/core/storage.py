@@ -13,6 +13,7 @@ allocates it again before the backward) are counted at their current size.
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from collections.abc import Hashable, Iterable, Iterator
@@ -141,10 +142,10 @@ class LiveStorageTracker(TorchDispatchMode):
             _unwatch_resizes(self)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if any(is_traceable_wrapper_subclass_type(cls) for cls in types):
+        if _has_wrapper_subclass(types):
             return NotImplemented  # a DTensor op: its ops on local tensors come back through this mode
         out = func(*args, **(kwargs or {}))
-        if _returns_inputs(func):  # a view or an in-place op: no new storage
+        if _makes_no_storage(func):  # a view, an in-place op, or no tensor out (`tensor.device`)
             return out
         inputs = {storage_key(s) for t in _leaves((args, kwargs)) for s in self._storages(t)}
         for storage in (s for t in _leaves(out) for s in self._storages(t)):
@@ -233,22 +234,48 @@ class LiveStorageTracker(TorchDispatchMode):
             self.resized.discard(key)  # the key may name another storage from now on
 
 
-_returns_inputs_of: dict[Any, bool] = {}
+_makes_no_storage_of: dict[Any, bool] = {}
 _MAKES_STORAGE = frozenset({"aten::lift_fresh"})
 """Ops whose output aliases an input by their schema but may hold a new storage (a constant made fake)."""
 
 
-def _returns_inputs(func: Any) -> bool:
-    """Whether every output of ``func`` is (a view of) one of its tensor inputs, by its schema's alias
-    annotations (``Tensor(a)``, ``Tensor(a!)``): views and in-place ops, which make no storage."""
-    known = _returns_inputs_of.get(func)
+def _makes_no_storage(func: Any) -> bool:
+    """Whether no output of ``func`` can hold a new storage, by its schema, once per op: every output is
+    (a view of) one of its tensor inputs (alias annotations ``Tensor(a)``, ``Tensor(a!)``: views and
+    in-place ops), or none is a tensor (``prim.device``, which a fake forward asks on nearly every op)."""
+    known = _makes_no_storage_of.get(func)
     if known is None:
         schema = getattr(func, "_schema", None)
-        known = _returns_inputs_of[func] = (
+        known = _makes_no_storage_of[func] = (
             schema is not None
             and schema.name not in _MAKES_STORAGE
-            and all(ret.alias_info is not None for ret in schema.returns)
+            and all(ret.alias_info is not None or not _may_be_tensor(ret.type) for ret in schema.returns)
         )
+    return known
+
+
+def _may_be_tensor(schema_type: Any) -> bool:
+    """Whether a schema return type can hold a tensor: any but those built of plain values only (``Device``,
+    ``int``, ``List[int]``, ``Optional[str]``...; a type variable ``t`` or a class may hold one)."""
+    return not set(re.findall(r"[A-Za-z_][\w.]*", str(schema_type))) <= _PLAIN_TYPES
+
+
+_PLAIN_TYPES = frozenset(
+    "bool int float complex number str Device NoneType Generator QScheme Layout ScalarType MemoryFormat"
+    " Scalar SymInt SymFloat SymBool List Optional Tuple".split()
+)
+
+
+_wrapper_types_of: dict[tuple, bool] = {}
+
+
+def _has_wrapper_subclass(types: Any) -> bool:
+    """Whether one of an op's ``types`` is a wrapper tensor subclass (a ``DTensor``), once per ``types``."""
+    known = _wrapper_types_of.get(types)
+    if known is None:
+        known = any(is_traceable_wrapper_subclass_type(cls) for cls in types)
+        if isinstance(types, tuple):
+            _wrapper_types_of[types] = known
     return known
 
 
