@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+from benchmarks.bench.fresh import child_line
 
 BUDGET_BYTES = 72 * 10**9
 QUANTUM_BYTES = 512
@@ -76,18 +77,12 @@ def _best_s(call, budget_s: float = 1.0) -> float:
 
 def _fresh(instance) -> dict:
     """The first solve of a fresh process (the instance read from a file before the clock starts)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
         json.dump(list(instance), file)
     try:
-        code = _FRESH.format(path=file.name)
-        done = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
+        return json.loads(child_line(_FRESH.format(path=file.name)))
     finally:
         os.unlink(file.name)
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _block_level(weights, values, capacity, caps):

@@ -68,12 +68,27 @@ def instance(kind: str, n: int):
     return weights, values, capacity, take, take - weights[0] // 2  # checkpointed: the recompute too
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""This checkout's root (what ``python -m benchmarks...`` imports ``lightning_ckpt`` from)."""
+
+
+def child_line(code: str, tree: str = ROOT, *, env: dict[str, str] | None = None) -> str:
+    """The last line ``python -c code`` prints in a fresh process that imports from ``tree`` first (run
+    there), with ``env`` on top of this process's environment (a value of None unsets the variable)."""
+    merged = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])))
+    for name, value in (env or {}).items():
+        if value is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = value
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=merged, cwd=tree, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
 def _run(path: str, additive: bool) -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    code = _CODE.format(path=path, additive=additive)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(child_line(_CODE.format(path=path, additive=additive)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from benchmarks.bench.fresh import child_line
 
 _CODE = """
 import json, sys, time
@@ -84,25 +85,15 @@ def instances() -> dict[str, tuple]:
 
 
 def _child(tree: str, path: str, names: list[str], numba: bool) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=tree)
-    if not numba:  # numpy throughout: many small solves would load numba after about a second
-        env["LIGHTNING_CKPT_NO_NUMBA"] = "1"
-    code = _CODE.format(path=path, names=names, numba=numba)
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # numpy throughout without numba: many small solves would load numba after about a second
+    env = {"LIGHTNING_CKPT_NO_NUMBA": None if numba else "1"}
+    return json.loads(child_line(_CODE.format(path=path, names=names, numba=numba), tree, env=env))
 
 
 def _fresh(tree: str, path: str, name: str) -> float:
     """Seconds of the first ``solve_knapsack`` call in a new process (the import not counted)."""
-    env = dict(os.environ, PYTHONPATH=tree)
-    env.pop("LIGHTNING_CKPT_NO_NUMBA", None)
     code = _FRESH_CODE.format(path=path, name=name)
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True
-    )
-    return float(done.stdout.strip().splitlines()[-1])
+    return float(child_line(code, tree, env={"LIGHTNING_CKPT_NO_NUMBA": None}))
 
 
 def main(argv: list[str] | None = None) -> int:
