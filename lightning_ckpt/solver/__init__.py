@@ -11,8 +11,8 @@ core-first. For ``solve_knapsack``, what runs depends on the method and on wheth
 ``"auto"``     one run: all exact reductions, minknap's     the sparse frontier DP (caps that bind
                expanding core, Hirschberg on the core       nowhere: as without); past 4M frontier
                past its state budget                        entries, the dense capped Hirschberg
-``hirschberg`` one run: trivial reductions and common       the dense capped Hirschberg only
-               divisor only, then Hirschberg
+``hirschberg`` one run: trivial reductions and common       the dense capped Hirschberg only (caps
+               divisor only, then Hirschberg                that bind nowhere: as without)
 ``dp``         ``baselines.dp_table``: the full table       refused (``ValueError``)
 ``greedy``     ``baselines.greedy``: ratio heuristic        refused
 ``ilp``        ``baselines.ilp``: scipy's MILP              refused

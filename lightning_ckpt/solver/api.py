@@ -114,8 +114,8 @@ def solve_knapsack(
     - with ``prefix_capacities`` or ``skip_capacities`` (how the callback's planner calls it, with
       ``method=config.solver``, ``"auto"`` by default): for ``"auto"`` the sparse frontier DP (caps
       that no feasible set can reach: the run above), and the dense capped Hirschberg only past 4M
-      frontier entries; for ``"hirschberg"`` the dense capped Hirschberg alone. Other methods are
-      refused.
+      frontier entries; for ``"hirschberg"`` the dense capped Hirschberg alone (or, for caps that
+      bind nowhere, the run's Hirschberg). Other methods are refused.
 
     Args:
         weights: Integral item weights >= 0 (ints, numpy ints, or integral floats).

@@ -7,9 +7,10 @@ a plan's peak constraints have that form when the backward frees modules in reve
 and op-level plans (several options per block) the general one.
 
 ``solve_knapsack`` runs it for ``"auto"`` and ``"hirschberg"``, with caps or without, ``solve_choices``
-always. 0/1 items without caps, or whose caps no feasible set can reach (``run.caps_bind``; for
-``"auto"``), are one run of groups where no cap binds: ``run.py`` solves it core-first (the exact
-reductions, minknap's expanding core, the dense pass without caps past its state budget). Otherwise
+always. 0/1 items without caps, or whose caps no feasible set can reach (``run.caps_bind``), are one
+run of groups where no cap binds: ``run.py`` solves it core-first (for ``"auto"`` the exact
+reductions and minknap's expanding core; the dense pass without caps past its state budget, or at
+once for ``"hirschberg"``: 9-12x faster there than the dense capped Hirschberg). Otherwise
 caps are clipped to W, and weights, caps and W are divided (floor) by the weights' common divisor.
 Then:
 
@@ -104,7 +105,7 @@ def solve_capped(
     ``take``) as two-option groups, or as one run core-first (``run.py``) where no cap binds;
     ``chosen`` is a mask."""
     skip = take if skip is None else skip
-    if take is None or (sparse_first and not caps_bind(weights, capacity, take, skip)):
+    if take is None or not caps_bind(weights, capacity, take, skip):
         run = solve_run(weights, values, capacity, use_lp=sparse_first, workers=workers, options=options)
         return CappedAnswer(
             run.chosen, run.cells, run.workers_used, run.core_capacity, run.path, run.core_items
