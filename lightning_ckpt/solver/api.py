@@ -50,10 +50,11 @@ class SolveStats:
         cell_updates: DP cells the O(W) method updated (0 for the other methods, and when the
             reductions settled every item).
         workers_used: Processes that computed, this one included.
-        path: What answered, for ``"auto"`` and ``"hirschberg"``: without caps ``"reductions"``
-            (they settled every item), ``"sparse"`` (the expanding core's sparse states;
-            ``cell_updates`` then counts states) or ``"hirschberg"``; with caps ``"frontier"``
-            (``cell_updates`` counts its entries) or ``"dense"``. Empty for the other methods.
+        path: What answered, for ``"auto"`` and ``"hirschberg"``: without caps, or with caps that
+            bind nowhere, ``"reductions"`` (they settled every item), ``"sparse"`` (the expanding
+            core's sparse states; ``cell_updates`` then counts states) or ``"hirschberg"``; with
+            binding caps ``"frontier"`` (``cell_updates`` counts its entries) or ``"dense"``. Empty
+            for the other methods.
     """
 
     method: str = ""
