@@ -1,4 +1,4 @@
-"""The sparse states of the uncapped engine (``solver/sparse/``): brute force, HiGHS, the dense path."""
+"""The sparse states of the one engine's run without caps (``solver/sparse/``): brute force, HiGHS, the dense path."""
 
 from __future__ import annotations
 
