@@ -97,13 +97,16 @@ def test_solver_imports_neither_torch_nor_lightning():
 
 
 def test_solver_engines_stand_on_its_runtime_alone():
-    """solver/runtime imports no engine; the uncapped (dense) and capped engines import neither each other
-    nor the public face (api)."""
-    engines = ("lightning_ckpt.solver.dense", "lightning_ckpt.solver.capped")
+    """solver/runtime imports no engine; the one engine (capped/) stands on its dense pass without caps
+    (dense/) and the shared sparse layer (sparse/), never the reverse, and none imports the public face
+    (api)."""
+    engine, dense, sparse = (f"lightning_ckpt.solver.{room}" for room in ("capped", "dense", "sparse"))
+    api = "lightning_ckpt.solver.api"
     rules = {
-        "lightning_ckpt.solver.runtime": (*engines, "lightning_ckpt.solver.api"),
-        engines[0]: (engines[1], "lightning_ckpt.solver.api"),
-        engines[1]: (engines[0], "lightning_ckpt.solver.api"),
+        "lightning_ckpt.solver.runtime": (engine, dense, sparse, api),
+        dense: (engine, api),
+        engine: (api,),
+        sparse: (engine, dense, "lightning_ckpt.solver.runtime", api),
     }
     graph = _graph()
     assert all(any(name.startswith(f"{room}.") for name in graph) for room in rules)  # the rooms exist

@@ -216,3 +216,38 @@ def test_capped_kernels_stop_before_the_next_item_once_flagged(monkeypatch, comp
     task = CappedTask("leaf", 0, 3, 9, 0, groups.starts, groups.caps, True)
     with pytest.raises(interrupt.SolveStopped):
         task.run(groups.weights, groups.values, np.zeros(10), stop)
+
+
+def test_caps_that_bind_nowhere_are_found_exactly_and_solved_as_one_run():
+    """``run.caps_bind`` is False only when every set within the capacity meets every cap (brute force,
+    at both of its sizes: the Python loop under 16 items, numpy from 16); such caps are then solved as
+    the run without caps, for both methods, with the brute-force and the uncapped answers' value."""
+    from lightning_ckpt.solver.capped.run import caps_bind
+
+    rng, unbound = np.random.default_rng(23), 0
+    for i in range(300):
+        n = int(rng.integers(1, 9)) if i % 4 else 16
+        weights, capacity = rng.integers(1, 8, n), int(rng.integers(1, 30))
+        before = np.cumsum(weights) - weights
+        slack = rng.integers(-1, 3, (2, n)) * (rng.random((2, n)) < 0.2)  # now and then a unit short
+        take = np.maximum(np.minimum(before, capacity - weights) + slack[0], 0)
+        skip = np.maximum(np.minimum(before, capacity) + slack[1], 0)
+        masks = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1).astype(bool)
+        chosen = masks * weights
+        prefix = np.cumsum(chosen, axis=1) - chosen
+        fits = chosen.sum(axis=1) <= capacity
+        broken = (fits & ~np.where(masks, prefix <= take, prefix <= skip).all(axis=1)).any()
+        if caps_bind(weights, capacity, take, skip):
+            continue
+        unbound += 1
+        assert not broken, (weights, capacity, take, skip)
+        values = rng.uniform(0, 5, n)
+        plain = solve_knapsack(weights, values, capacity)
+        best = brute_force_value(weights, values, capacity, take, skip)
+        for method in ("auto", "hirschberg"):
+            caps = {"prefix_capacities": take, "skip_capacities": skip, "method": method}
+            run = solve_knapsack(weights, values, capacity, **caps)
+            assert run.stats.path in ("reductions", "sparse", "hirschberg")
+            assert run.value == pytest.approx(plain.value, rel=1e-12)
+            assert run.value == pytest.approx(best, rel=1e-12)
+    assert 30 < unbound < 270  # both answers of caps_bind came up

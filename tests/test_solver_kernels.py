@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from benchmarks.bench.generators import FAMILIES, make_instance
-from lightning_ckpt.solver.dense import _kernels_numpy, reduce
+from lightning_ckpt.solver.dense import _kernels_numpy
 from lightning_ckpt.solver.dense.profile import cell_updates, profile
+from lightning_ckpt.solver.sparse import reduce
 
 numba_kernels = pytest.importorskip("lightning_ckpt.solver.dense._kernels_numba")
 

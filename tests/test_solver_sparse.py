@@ -1,4 +1,4 @@
-"""The sparse states of the uncapped engine (``solver/sparse/``): brute force, HiGHS, the dense path."""
+"""The sparse states of the one engine's run without caps (``solver/sparse/``): brute force, HiGHS, the dense path."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import pytest
 
 from benchmarks.bench.generators import make_instance
 from lightning_ckpt.solver import SolverOptions, solve_knapsack
-from lightning_ckpt.solver.dense.reduce import reduce_instance
-from lightning_ckpt.solver.dense.solve import max_sparse_states
+from lightning_ckpt.solver.capped.run import max_sparse_states
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS
 from lightning_ckpt.solver.sparse.bounds import best_pairing, best_swap, cardinality_bound, max_cardinality
 from lightning_ckpt.solver.sparse.minknap import solve_minknap
 from lightning_ckpt.solver.sparse.pareto import merge
+from lightning_ckpt.solver.sparse.reduce import reduce_instance
 from tests.test_solver_oracle import assert_optimal, brute_force_value
 
 KINDS = ("uncorrelated", "weakly correlated", "strongly correlated")

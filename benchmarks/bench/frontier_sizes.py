@@ -47,7 +47,8 @@ class Solve:
     capacity: int
     path: str
     entries: int
-    """Frontier entries (``path == "frontier"``), or DP cells (``"dense"``)."""
+    """Frontier entries (``path == "frontier"``), DP cells (``"dense"``, ``"hirschberg"``) or states
+    (``"sparse"``: caps that bind nowhere, solved as one run without caps)."""
     seconds: float
     frontier_entries: int | None = None
     """Where the dense path ran: the frontier's entries counted further (None past 16x the handover)."""
@@ -60,7 +61,7 @@ def format_row(solve: Solve, handover: int) -> str:
         >>> print(format_row(Solve("P n=200", 200, 140_000_000, "frontier", 41_000, 0.0021), 1 << 22))
         P n=200                              200    140000000  frontier      41000  0.978%     2.10
     """
-    share = f"{solve.entries / handover:.3%}" if solve.path == "frontier" else "dense"
+    share = f"{solve.entries / handover:.3%}" if solve.path == "frontier" else solve.path[:7]
     return (
         f"{solve.source:<34} {solve.items:>6} {solve.capacity:>12}  {solve.path:<9} {solve.entries:>9}"
         f" {share:>7} {solve.seconds * 1e3:>8.2f}"
@@ -76,10 +77,12 @@ def recorded(source: list[str], show=None) -> Iterator[list[Solve]]:
 
     real, solves = capped.solve_capped, []
 
-    def solve_capped(weights, values, capacity, take, skip, **kwargs):
+    def solve_capped(weights, values, capacity, take=None, skip=None, **kwargs):
         start = time.perf_counter()
         answer = real(weights, values, capacity, take, skip, **kwargs)
         seconds = time.perf_counter() - start
+        if take is None:  # a solve without caps (the one engine runs those too): not a capped solve
+            return answer
         further = None
         if answer.path == "dense" and kwargs.get("sparse_first"):
             from lightning_ckpt.solver.capped.frontier import solve_sparse

@@ -1,18 +1,18 @@
 """Exact 0/1 and multiple-choice knapsack solver in O(W) memory (imports neither torch nor lightning).
 
 Two entry points: ``solve_knapsack`` (0/1 items) and ``solve_choices`` (one option per group under
-prefix capacities: op-level plans; the capped engine, as for ``solve_knapsack`` with caps, whose
-0/1 items are its two-option groups). For ``solve_knapsack``, which engine runs depends on the
-method and on whether prefix capacities are given:
+prefix capacities: op-level plans). Both run one engine (``capped/``), whose case of no caps is the
+plain knapsack: 0/1 items without caps, or whose caps bind nowhere (``"auto"``), are one run solved
+core-first. For ``solve_knapsack``, what runs depends on the method and on whether caps are given:
 
 =============  ===========================================  ==========================================
 ``method``     without ``prefix_capacities``                with ``prefix_capacities`` (or skip caps)
 =============  ===========================================  ==========================================
-``"auto"``     ``dense``: all exact reductions, then        ``capped``: the sparse frontier DP; past
-               Hirschberg on the core                       4M frontier entries, the dense capped
-                                                            Hirschberg
-``hirschberg`` ``dense``: trivial reductions and common     ``capped``: the dense capped Hirschberg
-               divisor only, then Hirschberg                only
+``"auto"``     one run: all exact reductions, minknap's     the sparse frontier DP (caps that bind
+               expanding core, Hirschberg on the core       nowhere: as without); past 4M frontier
+               past its state budget                        entries, the dense capped Hirschberg
+``hirschberg`` one run: trivial reductions and common       the dense capped Hirschberg only (caps
+               divisor only, then Hirschberg                that bind nowhere: as without)
 ``dp``         ``baselines.dp_table``: the full table       refused (``ValueError``)
 ``greedy``     ``baselines.greedy``: ratio heuristic        refused
 ``ilp``        ``baselines.ilp``: scipy's MILP              refused
@@ -27,9 +27,10 @@ without caps on the additive bound: the baselines. (Peak points that are not nes
 package: the planner solves that small module-level instance itself, ``planning/non_nested.py``.)
 
 The rooms: ``api.py`` (the entry and its results), ``validate.py``, ``options.py``, ``quantize.py``,
-``fits.py`` (memory checks) and ``baselines.py``; ``dense/`` (the uncapped engine), ``capped/`` (the
-capped engine) and ``runtime/`` (numba-or-numpy back end, stop flag and interrupts, worker
-processes), on which both engines stand. Maintainers: ``docs/solver.md``.
+``fits.py`` (memory checks) and ``baselines.py``; ``capped/`` (the one engine), ``dense/`` (its dense
+pass without caps), ``sparse/`` (the exact layer both stand on: reductions, minknap, Pareto steps)
+and ``runtime/`` (numba-or-numpy back end, stop flag and interrupts, worker processes).
+Maintainers: ``docs/solver.md``.
 
 Example:
     >>> from lightning_ckpt.solver import solve_knapsack

@@ -23,7 +23,6 @@ import numpy as np
 
 from lightning_ckpt.solver import baselines
 from lightning_ckpt.solver.capped.solve import cap_violation, solve_capped
-from lightning_ckpt.solver.dense.solve import solve_uncapped
 from lightning_ckpt.solver.options import SolverOptions, resolve_options
 from lightning_ckpt.solver.runtime import cpus, interrupt
 from lightning_ckpt.solver.runtime.backend import KERNEL
@@ -51,10 +50,11 @@ class SolveStats:
         cell_updates: DP cells the O(W) method updated (0 for the other methods, and when the
             reductions settled every item).
         workers_used: Processes that computed, this one included.
-        path: What answered, for ``"auto"`` and ``"hirschberg"``: without caps ``"reductions"``
-            (they settled every item), ``"sparse"`` (the expanding core's sparse states;
-            ``cell_updates`` then counts states) or ``"hirschberg"``; with caps ``"frontier"``
-            (``cell_updates`` counts its entries) or ``"dense"``. Empty for the other methods.
+        path: What answered, for ``"auto"`` and ``"hirschberg"``: without caps, or with caps that
+            bind nowhere, ``"reductions"`` (they settled every item), ``"sparse"`` (the expanding
+            core's sparse states; ``cell_updates`` then counts states) or ``"hirschberg"``; with
+            binding caps ``"frontier"`` (``cell_updates`` counts its entries) or ``"dense"``. Empty
+            for the other methods.
     """
 
     method: str = ""
@@ -104,17 +104,19 @@ def solve_knapsack(
 
     Which engine runs:
 
-    - without caps, ``"auto"`` and ``"hirschberg"`` run the uncapped engine (``dense/``): exact
-      reductions (all of them for ``"auto"``, only the trivial ones and the common divisor for
-      ``"hirschberg"``); for ``"auto"`` then sparse states around the break item (``sparse/``,
-      minknap-style, with combo's cardinality bound and pairing on hard instances), and past a state bound (one state per capacity unit, at most 4M), as for
-      ``"hirschberg"``, Hirschberg over value profiles on the core, on ``workers`` processes when
-      it is large; ``"dp"``, ``"greedy"`` and ``"ilp"`` run ``baselines.py`` (the planner's
-      additive baselines come here, without caps);
+    - ``"auto"`` and ``"hirschberg"`` run the one engine (``capped/``). Without caps the instance is
+      one run (``capped/run.py``): exact reductions (all of them for ``"auto"``, only the trivial
+      ones and the common divisor for ``"hirschberg"``); for ``"auto"`` then sparse states around
+      the break item (``sparse/``, minknap-style, with combo's cardinality bound and pairing on hard
+      instances), and past a state bound (one state per capacity unit, at most 4M), as for
+      ``"hirschberg"``, Hirschberg over value profiles on the core (``dense/``), on ``workers``
+      processes when it is large; ``"dp"``, ``"greedy"`` and ``"ilp"`` run ``baselines.py`` (the
+      planner's additive baselines come here, without caps);
     - with ``prefix_capacities`` or ``skip_capacities`` (how the callback's planner calls it, with
-      ``method=config.solver``, ``"auto"`` by default), the capped engine (``capped/``): for
-      ``"auto"`` the sparse frontier DP, and the dense capped Hirschberg only past 4M frontier
-      entries; for ``"hirschberg"`` the dense capped Hirschberg alone. Other methods are refused.
+      ``method=config.solver``, ``"auto"`` by default): for ``"auto"`` the sparse frontier DP (caps
+      that no feasible set can reach: the run above), and the dense capped Hirschberg only past 4M
+      frontier entries; for ``"hirschberg"`` the dense capped Hirschberg alone (or, for caps that
+      bind nowhere, the run's Hirschberg). Other methods are refused.
 
     Args:
         weights: Integral item weights >= 0 (ints, numpy ints, or integral floats).
@@ -174,20 +176,25 @@ def solve_knapsack(
     if caps is not None:
         chosen, stats = _solve_with_caps(weight_array, value_array, capacity, caps, stats, workers, options)
     elif method in ("auto", "hirschberg"):
-        dense = solve_uncapped(
-            weight_array, value_array, capacity, use_lp=method == "auto", workers=workers, options=options
+        run = solve_capped(
+            weight_array,
+            value_array,
+            capacity,
+            sparse_first=method == "auto",
+            workers=workers,
+            options=options,
         )
-        chosen = dense.chosen
+        chosen = run.chosen
         stats = SolveStats(  # not dataclasses.replace: 6 us, a tenth of a small solve
             method,
             KERNEL,
             n,
             capacity,
-            dense.core_items,
-            dense.core_capacity,
-            dense.cells,
-            dense.workers_used,
-            dense.path,
+            run.core_items,
+            run.core_capacity,
+            run.cells,
+            run.workers_used,
+            run.path,
         )
     elif method == "dp":
         chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)
@@ -222,8 +229,10 @@ def _solve_with_caps(
     broken = cap_violation(weights, answer.chosen, capacity, *caps)
     if broken is not None:
         raise AssertionError(f"solver {stats.method!r} with prefix capacities: {broken}")
+    core_items = stats.core_items if answer.core_items < 0 else answer.core_items  # a run's reductions
     return answer.chosen, dataclasses.replace(
         stats,
+        core_items=core_items,
         core_capacity=answer.core_capacity,
         cell_updates=answer.cells,
         workers_used=answer.workers_used,

@@ -1,8 +1,10 @@
-"""Sparse states shared by the engines: Pareto lists of (weight, value) pruned by dominance and bounds.
+"""The exact sparse layer of the one engine: reductions and Pareto lists of (weight, value) pruned by
+dominance and bounds (imports nothing else of the package).
 
 - ``pareto.py``: one DP step on a sorted state list (merge, dominance), and the walk back to a set;
-- ``minknap.py``: the uncapped engine's first try, an expanding core around the break item in the
-  style of Pisinger's ``minknap`` (``dense/solve.py`` falls back to Hirschberg past a state bound).
+- ``reduce.py``: the exact reductions (LP fixing, bundles of identical items, common divisor);
+- ``minknap.py``: an expanding core around the break item in the style of Pisinger's ``minknap``,
+  for a run where no cap binds (``capped/run.py`` falls back to Hirschberg past a state bound);
 - ``bounds.py``: ``combo``'s strong bounds for the hard instances (the cardinality-constrained upper
   bound, the best swap from the break solution, the pairing of states with one outside item).
 """

@@ -76,7 +76,7 @@ def cardinality_bound(
 ) -> float:
     """An upper bound on the optimum, never above the Dantzig bound: the least Lagrangian bound of
     the cardinality constraint found, raised by a float64 rounding allowance. ``counts``: the items
-    each core item stands for (a bundle of identical items, ``dense/reduce.py``), 1 by default."""
+    each core item stands for (a bundle of identical items, ``sparse/reduce.py``), 1 by default."""
     counts = np.ones(len(weights), dtype=np.int64) if counts is None else counts
     k_max = max_cardinality(weights, capacity, counts)
     bound = lambda lam: _lagrangian(weights, values, counts, capacity, lam, k_max)  # noqa: E731
