@@ -54,6 +54,7 @@ __all__ = [
     "convert_precision",
     "default_foreach",
     "fsdp2_is_root",
+    "fsdp2_param_dtype",
     "fsdp2_post_forward_mesh_getter",
     "fsdp2_post_forward_mesh_infos",
     "fsdp_policy_classes",
@@ -116,6 +117,16 @@ def fsdp2_is_root(module: Any) -> bool:
     """Whether a ``fully_shard``-ed module is FSDP2's root, the one its iteration state lives on
     (``FSDPModule._get_fsdp_state()._is_root``, set by its first forward; torch 2.4-2.13)."""
     return bool(getattr(module._get_fsdp_state(), "_is_root", False))
+
+
+def fsdp2_param_dtype(module: Any) -> Any:
+    """The ``MixedPrecisionPolicy.param_dtype`` a ``fully_shard``-ed module computes in (None: its
+    parameters' own dtype): ``mp_policy`` of the ``FSDPParamGroup`` of ``FSDPModule._get_fsdp_state()``
+    (``_fsdp_param_groups``, torch 2.13; ``_fsdp_param_group`` before)."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+    dtypes = [group.mp_policy.param_dtype for group in groups if group is not None]
+    return dtypes[0] if dtypes else None
 
 
 def fsdp2_post_forward_mesh_infos(module: Any) -> list[Any]:

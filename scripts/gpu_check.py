@@ -5,7 +5,7 @@ not yet timed on one)::
 
     python scripts/gpu_check.py [--json out.json]
     python scripts/gpu_check.py --fsdp2 [--json out.json]   # the same under FSDP2, world size 1
-    python scripts/gpu_check.py --granularity op [--json out.json]   # op-level plans (one device)
+    python scripts/gpu_check.py --granularity op [--fsdp2] [--json out.json]   # op-level plans
 
 What it does, on a GPT-2-medium-sized example GPT (24 blocks, 16 heads, width 1024, context 1024) with
 random tokens:
@@ -119,8 +119,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--granularity", choices=("block", "op"), default="block", help="AutoCheckpoint's granularity"
     )
     args = parser.parse_args(argv)
-    if args.granularity == "op" and args.fsdp2:
-        parser.error("--granularity op runs on one unsharded device: drop --fsdp2")
     if not 0.0 <= args.budget_fraction < 1.0:
         parser.error(f"--budget-fraction must be in [0, 1), got {args.budget_fraction}")
     return args

@@ -18,6 +18,10 @@ Usage:
         plan makes the ranks checkpoint the same blocks.
     python tests/fsdp2_script.py OUT_DIR compare SHARDING BUDGET_BYTES
         ``capped``, then ``plain``, in one launch.
+    python tests/fsdp2_script.py OUT_DIR compare-op SHARDING BUDGET_BYTES
+        ``compare`` at op level (``granularity="op"``, priced in FLOPs so that selective options are
+        chosen); ``facts{r}.json`` also has the selective policies applied while training, and its
+        ``predicted`` is the op-level plan's own prediction.
     python tests/fsdp2_script.py OUT_DIR fallback SHARDING BUDGET_BYTES
         As ``capped``, without a cap, on a model whose saved hyperparameters no longer build it: the
         profile falls back to one real step (with a warning).
@@ -46,6 +50,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from callback_helpers import TINY_GPT, fast_trainer, token_loader  # noqa: E402
+from capped_ddp_script import PolicySpy  # noqa: E402
 from ddp_script import rank_dependent_times  # noqa: E402
 
 import lightning_ckpt.callback as callback_module  # noqa: E402
@@ -137,13 +142,18 @@ def probe(out_dir: Path, sharding: str) -> None:
     (out_dir / f"bounds{trainer.global_rank}.json").write_text(json.dumps(bounds))
 
 
-def train(out_dir: Path, sharding: str, budget_bytes: int | None, fallback: bool = False) -> None:
+def train(
+    out_dir: Path, sharding: str, budget_bytes: int | None, fallback: bool = False, op: bool = False
+) -> None:
     callback_module.profile_in_fit = rank_dependent_times(callback_module.profile_in_fit)
-    recorder = StepRecorder()
+    recorder, spy = StepRecorder(), PolicySpy()
     targets = ["Block"] if sharding == "keep" else None  # a class name, through fully_shard's FSDPBlock
-    callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9, targets=targets)
+    op_level = {"granularity": "op", "cost": "flops"} if op else {}
+    callback = None
+    if budget_bytes is not None:
+        callback = AutoCheckpoint(budget_gb=budget_bytes / 1e9, targets=targets, **op_level)
     L.seed_everything(0, verbose=False)
-    trainer = trainer_for([recorder] + ([callback] if callback else []), max_steps=STEPS)
+    trainer = trainer_for([recorder, spy] + ([callback] if callback else []), max_steps=STEPS)
     model = model_for(sharding)
     loader = token_loader(batch_size=BATCH, num_batches=2 * STEPS)
     rank = trainer.global_rank
@@ -165,7 +175,10 @@ def train(out_dir: Path, sharding: str, budget_bytes: int | None, fallback: bool
         plan = callback.plan
         (out_dir / f"plan{rank}.json").write_text(json.dumps(plan.to_dict(), sort_keys=True))
         facts = {
-            "predicted": predict_peak_bytes(callback.profile, plan.checkpointed),
+            "predicted": plan.predicted_peak_bytes
+            if op
+            else predict_peak_bytes(callback.profile, plan.checkpointed),
+            "policies": spy.policies,
             "minimum": fixed_peak_bytes(callback.profile),
             "unchecked": predict_peak_bytes(callback.profile, []),
             "cap_peak": cap.peak_bytes,
@@ -189,8 +202,8 @@ if __name__ == "__main__":
     out, mode, sharding = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     if mode == "probe":
         probe(out, sharding)
-    elif mode == "compare":
-        train(out, sharding, int(sys.argv[4]))
+    elif mode in ("compare", "compare-op"):
+        train(out, sharding, int(sys.argv[4]), op=mode == "compare-op")
         train(out, sharding, None)
     else:
         train(out, sharding, int(sys.argv[4]) if mode != "plain" else None, fallback=mode == "fallback")

@@ -81,6 +81,23 @@ def test_cpu_smoke_run_at_op_level_plans_per_shape_within_the_budget(tmp_path):
     assert all(row["predicted_bytes"] <= report["budget_bytes"] for row in report["rows"])
 
 
-def test_op_level_under_fsdp2_is_refused_by_name():
-    result = _run_without_cuda("--allow-cpu", "--granularity", "op", "--fsdp2")
-    assert result.returncode == 2 and "--granularity op runs on one unsharded device" in result.stderr
+def test_cpu_smoke_run_at_op_level_under_fsdp2_measures_plain_copies_of_the_sharded_blocks(tmp_path):
+    """``--granularity op --fsdp2``: options measured on plain copies of the ``fully_shard``-ed blocks."""
+    out = tmp_path / "check.json"
+    result = _run_without_cuda(
+        "--allow-cpu",
+        "--granularity",
+        "op",
+        "--fsdp2",
+        "--steps",
+        "2",
+        "--return-steps",
+        "1",
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["exit_status"] == 0 and report["settings"]["granularity"] == "op"
+    assert report["settings"]["fsdp2"] is True
+    assert all(row["predicted_bytes"] <= report["budget_bytes"] for row in report["rows"])

@@ -13,7 +13,7 @@ import pytest
 import torch
 from callback_helpers import assert_within_two_percent, fast_trainer, fit, tiny_gpt, token_loader
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from test_budget_promise import exact_budget
 
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
@@ -187,17 +187,18 @@ def test_op_level_training_gives_the_plain_parameters_with_dropout(gpt_form):
     pytest.fail("no budget gave a plan with selective blocks")
 
 
-def test_op_level_is_refused_with_a_sharding_strategy_and_allowed_with_ddp():
+def test_op_level_is_refused_with_fsdp_and_allowed_with_ddp_and_fsdp2():
     config = AutoCheckpoint(budget_gb=1, granularity="op").config
-    sharded = types.SimpleNamespace(world_size=2, strategy=ModelParallelStrategy())
+    sharded = types.SimpleNamespace(world_size=2, strategy=FSDPStrategy())
     with pytest.raises(
         ValueError,
-        match="`granularity` must be 'block' with a sharding strategy.*"
-        "got 'op' with ModelParallelStrategy on 2 devices",
+        match="`granularity` must be 'block' with a sharding strategy other than FSDP2.*"
+        "got 'op' with FSDPStrategy on 2 devices",
     ):
         check_granularity(sharded, config)
     check_granularity(sharded, dataclasses.replace(config, granularity="block"))
-    check_granularity(types.SimpleNamespace(world_size=2, strategy=DDPStrategy()), config)
+    for strategy in (DDPStrategy(), ModelParallelStrategy()):
+        check_granularity(types.SimpleNamespace(world_size=2, strategy=strategy), config)
 
 
 def _saved_plan(**item_fields) -> dict:

@@ -39,9 +39,10 @@ __all__ = [
 
 
 def check_granularity(trainer: pl.Trainer, config: AutoCheckpointConfig) -> None:
-    """Refuse op level where it is not verified: more than one device under any strategy but DDP (FSDP,
-    FSDP2 and DeepSpeed shard the model; a sharded block's options would be timed with collectives on
-    rank 0 alone and sized on a fake twin of sharded parameters).
+    """Refuse op level where it is not verified: more than one device under any strategy but DDP and
+    FSDP2 (``ModelParallelStrategy``, whose blocks are measured as plain copies:
+    :mod:`~lightning_ckpt.lightning.plain_blocks`). FSDP and DeepSpeed shard the model into flat
+    parameters that no plain copy of a block can be filled from.
 
     Raises:
         ValueError: naming ``granularity``, what is allowed and what was given.
@@ -49,13 +50,15 @@ def check_granularity(trainer: pl.Trainer, config: AutoCheckpointConfig) -> None
     strategy = type(trainer.strategy).__name__
     if config.granularity == "op" and trainer.world_size > 1 and strategy not in _OP_STRATEGIES:
         raise ValueError(
-            "`granularity` must be 'block' with a sharding strategy (op level runs on one device or"
-            f" with DDP), got 'op' with {strategy} on {trainer.world_size} devices"
+            "`granularity` must be 'block' with a sharding strategy other than FSDP2 (op level runs on one"
+            f" device, with DDP or with ModelParallelStrategy), got 'op' with {strategy} on"
+            f" {trainer.world_size} devices"
         )
 
 
-_OP_STRATEGIES = frozenset({"DDPStrategy", "SingleDeviceStrategy"})
-"""Strategies op level runs under with several devices (the model whole on every rank)."""
+_OP_STRATEGIES = frozenset({"DDPStrategy", "ModelParallelStrategy", "SingleDeviceStrategy"})
+"""Strategies op level runs under with several devices (the model whole on every rank, or sharded by
+``fully_shard``)."""
 
 
 def options_at_shapes(

@@ -34,6 +34,7 @@ from lightning_ckpt.core.selective.ops import record_ops
 from lightning_ckpt.core.selective.options import BlockOption, profile_block
 from lightning_ckpt.core.selective.policy import SelectivePolicy
 from lightning_ckpt.core.wrapping import checkpointing_removed
+from lightning_ckpt.lightning.plain_blocks import plain_blocks
 from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
 from lightning_ckpt.planning.plan import CheckpointPlan
 
@@ -116,6 +117,7 @@ def options_in_fit(
         no_gradient_sync(trainer),
     ):
         signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, modules)
+        modules = plain_blocks(pl_module, {name: modules[name] for name, _, _ in first.values()})
         times = _rank_zero_times(trainer, modules, signatures, first)
         measured = {
             signature: _sized(trainer, modules[name], args, kwargs, times[name])
@@ -188,6 +190,7 @@ def saved_options_in_fit(
     ):
         modules = resolve_modules(pl_module, names, argument="candidates")
         signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, modules)
+        modules = plain_blocks(pl_module, {name: modules[name] for name, _, _ in first.values()})
         measured = {}
         for signature, (name, args, kwargs) in first.items():
             wanted = {saved[n] for n, s in signatures.items() if s == signature and n in saved}
