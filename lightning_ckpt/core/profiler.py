@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from lightning_ckpt._compat import FakeTensor, tree_leaves
 from lightning_ckpt.core.flops import TotalFlopCounter
-from lightning_ckpt.core.fsdp2 import iteration_state_reset
+from lightning_ckpt.core.fsdp2 import is_fsdp2, iteration_state_reset
 from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
 from lightning_ckpt.core.memory.timeline import alive_bytes, alive_from, held_at
@@ -42,9 +42,10 @@ from lightning_ckpt.core.profile_types import (
     SavedStorage,
     StepProfile,
 )
-from lightning_ckpt.core.recorder import Recorder, forward_working_sets
+from lightning_ckpt.core.recorder import Recorder
 from lightning_ckpt.core.storage import local_bytes, storage_key, storage_of, unique_storage_bytes
 from lightning_ckpt.core.timing import timed_forwards
+from lightning_ckpt.core.working_sets import forward_working_sets
 from lightning_ckpt.core.wrapping import checkpointed_names
 
 __all__ = ["profile_step", "time_forwards"]
@@ -113,7 +114,7 @@ def profile_step(
         if left_out:
             kept = [c for c in candidates if c not in left_out]
             return profile_step(model, step_fn, kept, cost, optimizer=optimizer, batch=batch)
-        working = forward_working_sets(modules, step_fn)
+        working = forward_working_sets(modules, step_fn, alike=not is_fsdp2(model))
         seconds = timed_forwards(modules, step_fn, 2) if cost == "time" else dict.fromkeys(modules, 0.0)
     profile = _build_profile(sizes, recorder, seconds)
     return dataclasses.replace(

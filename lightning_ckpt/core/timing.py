@@ -38,7 +38,7 @@ def timed_forwards(
         >>> len(set(seconds.values())), all(s > 0 for s in seconds.values())
         (1, True)
     """
-    alike = alike and not _nested(modules)
+    alike = alike and not nested(modules)
     runs = [_timed_run(modules, step_fn, alike) for _ in range(repeats)]
     return {name: min(run[name] for run in runs) for name in modules}
 
@@ -80,7 +80,7 @@ def _timed_forward(
     structure = None if kinds is None else block_kind(module)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        kind = None if kinds is None else (structure, _inputs_kind(args, kwargs))
+        kind = None if kinds is None else (structure, inputs_kind(args, kwargs))
         if kind is not None and kinds.timed_enough(kind):
             return kinds.skipped(name, kind)
         timer = _Timer.start(cuda)
@@ -124,24 +124,34 @@ class _Kinds:
         }
 
 
-def block_kind(module: nn.Module) -> Hashable:
+def block_kind(module: nn.Module, *, attributes: bool = False) -> Hashable:
     """What makes two blocks alike before their inputs: class, training flag, the submodules' names and
-    classes, and the parameters' and buffers' names, shapes, dtypes, devices and ``requires_grad``.
+    classes, and the parameters' and buffers' names, shapes, dtypes, devices and ``requires_grad``; with
+    ``attributes``, also every submodule's public plain attributes (numbers, strings, a layer index).
 
     Example:
         >>> block_kind(nn.Linear(4, 4)) == block_kind(nn.Linear(4, 4)) != block_kind(nn.Linear(4, 5))
         True
     """
     tensors = (*module.named_parameters(), *module.named_buffers())
-    return (
-        type(module),
-        module.training,
-        tuple((name, type(sub), sub.training) for name, sub in module.named_modules()),
-        tuple((name, _tensor_kind(t), t.requires_grad) for name, t in tensors),
+    subs = tuple(
+        (name, type(sub), sub.training, _plain_attributes(sub) if attributes else ())
+        for name, sub in module.named_modules()
+    )
+    return (type(module), module.training, subs, tuple((name, _tensor_kind(t)) for name, t in tensors))
+
+
+def _plain_attributes(module: nn.Module) -> Hashable:
+    return tuple(
+        (key, value)
+        for key, value in sorted(vars(module).items())
+        if not key.startswith("_") and (value is None or isinstance(value, (bool, int, float, str)))
     )
 
 
-def _inputs_kind(args: tuple, kwargs: dict) -> Hashable:
+def inputs_kind(args: tuple, kwargs: dict) -> Hashable:
+    """What makes two calls' inputs alike: the keywords, each tensor's class, shape, strides, dtype,
+    device and ``requires_grad``, each plain value, and the class of anything else."""
     leaves = tree_leaves((args, kwargs))
     return (repr(sorted(kwargs)), tuple(_leaf_kind(leaf) for leaf in leaves))
 
@@ -162,7 +172,7 @@ def _tensor_kind(tensor: torch.Tensor) -> Hashable:
     return (type(tensor), tuple(tensor.shape), strides, tensor.dtype, tensor.device, tensor.requires_grad)
 
 
-def _nested(modules: dict[str, nn.Module]) -> bool:
+def nested(modules: dict[str, nn.Module]) -> bool:
     """Whether a candidate holds another (a skipped outer block would leave the inner one untimed)."""
     chosen = {id(module) for module in modules.values()}
     return any(id(sub) in chosen for module in modules.values() for sub in list(module.modules())[1:])
