@@ -41,13 +41,15 @@ class ShardedTokens(L.LightningDataModule):
 
 
 def rank_dependent_times(profile_in_fit):
-    """Profile as usual, then make the recompute times differ by rank (rank 1 sees them reversed): only
-    the broadcast of rank 0's plan can make both ranks checkpoint the same blocks."""
+    """Profile as usual, then make the recompute times differ by rank (the layers are alike, so they are
+    timed alike: each rank's grow along the blocks, rank 1's reversed): only the broadcast of rank 0's
+    plan can make both ranks checkpoint the same blocks."""
 
     def profile_step_per_rank(*args, **kwargs):
         profile = profile_in_fit(*args, **kwargs)
-        if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
-            seconds = [m.recompute_seconds for m in profile.modules][::-1]
+        if torch.distributed.is_initialized():
+            seconds = [m.recompute_seconds * (1 + i) for i, m in enumerate(profile.modules)]
+            seconds = seconds[::-1] if torch.distributed.get_rank() == 1 else seconds
             modules = [
                 dataclasses.replace(m, recompute_seconds=s)
                 for m, s in zip(profile.modules, seconds, strict=True)

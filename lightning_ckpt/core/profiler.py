@@ -19,7 +19,6 @@ import collections
 import contextlib
 import dataclasses
 import math
-import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -30,7 +29,7 @@ import torch.nn as nn
 
 from lightning_ckpt._compat import FakeTensor, tree_leaves
 from lightning_ckpt.core.flops import TotalFlopCounter
-from lightning_ckpt.core.fsdp2 import iteration_state_reset
+from lightning_ckpt.core.fsdp2 import is_fsdp2, iteration_state_reset
 from lightning_ckpt.core.memory.optimizer import estimate_optimizer_bytes
 from lightning_ckpt.core.memory.static import ModelSizes, single_device_static
 from lightning_ckpt.core.memory.timeline import alive_bytes, alive_from, held_at
@@ -43,8 +42,10 @@ from lightning_ckpt.core.profile_types import (
     SavedStorage,
     StepProfile,
 )
-from lightning_ckpt.core.recorder import Recorder, forward_working_sets
+from lightning_ckpt.core.recorder import Recorder
 from lightning_ckpt.core.storage import local_bytes, storage_key, storage_of, unique_storage_bytes
+from lightning_ckpt.core.timing import timed_forwards
+from lightning_ckpt.core.working_sets import forward_working_sets
 from lightning_ckpt.core.wrapping import checkpointed_names
 
 __all__ = ["profile_step", "time_forwards"]
@@ -113,8 +114,8 @@ def profile_step(
         if left_out:
             kept = [c for c in candidates if c not in left_out]
             return profile_step(model, step_fn, kept, cost, optimizer=optimizer, batch=batch)
-        working = forward_working_sets(modules, step_fn)
-        seconds = _timed_forwards(modules, step_fn) if cost == "time" else dict.fromkeys(modules, 0.0)
+        working = forward_working_sets(modules, step_fn, alike=not is_fsdp2(model))
+        seconds = timed_forwards(modules, step_fn, 2) if cost == "time" else dict.fromkeys(modules, 0.0)
     profile = _build_profile(sizes, recorder, seconds)
     return dataclasses.replace(
         profile,
@@ -193,10 +194,17 @@ def _no_grads(model: nn.Module) -> Iterator[None]:
 
 
 def time_forwards(
-    model: nn.Module, candidates: Sequence[str], step_fn: Callable[[], Any], repeats: int = 2
+    model: nn.Module,
+    candidates: Sequence[str],
+    step_fn: Callable[[], Any],
+    repeats: int = 2,
+    *,
+    alike: bool = True,
 ) -> dict[str, float]:
     """Seconds of each candidate's forward in ``step_fn`` run under ``torch.no_grad()`` (nothing is kept
-    for backward), the fastest of ``repeats`` runs (CUDA events on CUDA, ``perf_counter`` on CPU).
+    for backward), the fastest of ``repeats`` runs (CUDA events on CUDA, ``perf_counter`` on CPU); with
+    ``alike``, blocks alike (a decoder's layers) are timed once per kind and share its time
+    (:mod:`lightning_ckpt.core.timing`).
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
@@ -204,72 +212,8 @@ def time_forwards(
         >>> sorted(seconds), all(s > 0 for s in seconds.values())
         (['0', '1'], True)
     """
-    return _timed_forwards(resolve_modules(model, candidates, argument="candidates"), step_fn, repeats)
-
-
-def _timed_forwards(
-    modules: dict[str, nn.Module], step_fn: Callable[[], Any], repeats: int = 2
-) -> dict[str, float]:
-    """The fastest of ``repeats`` timed forwards per candidate: the first calls of a process pay one-off
-    costs (kernel selection, allocator growth) that recomputation in later steps does not."""
-    runs = [_time_forwards(modules, step_fn) for _ in range(repeats)]
-    return {name: min(run[name] for run in runs) for name in modules}
-
-
-def _time_forwards(modules: dict[str, nn.Module], step_fn: Callable[[], Any]) -> dict[str, float]:
-    """Seconds of each candidate's forward(s) in one more forward of the step, without autograd."""
-    timers: dict[str, list[_Timer]] = {name: [] for name in modules}
-    handles = []
-    try:
-        for name, module in modules.items():
-            cuda = any(t.is_cuda for t in (*module.parameters(), *module.buffers()))
-
-            def start(*_: Any, n: str = name, on_cuda: bool = cuda) -> None:
-                timers[n].append(_Timer.start(on_cuda))
-
-            handles.append(module.register_forward_pre_hook(start))
-            handles.append(
-                module.register_forward_hook(lambda *_, n=name: timers[n][-1].stop(), always_call=True)
-            )
-        with torch.no_grad():  # keeps nothing for backward: the timing run stays within any budget
-            step_fn()
-    finally:
-        for handle in handles:
-            handle.remove()
-    return {name: sum(timer.seconds() for timer in calls) for name, calls in timers.items()}
-
-
-class _Timer:
-    """Wall time on CPU; CUDA events (read after a synchronize) for modules on CUDA."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-        self.begin: Any = None
-        self.end: Any = None
-
-    @classmethod
-    def start(cls, cuda: bool) -> _Timer:
-        timer = cls(cuda)
-        timer.begin = timer._now()
-        return timer
-
-    def stop(self) -> None:
-        self.end = self._now()
-
-    def _now(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def seconds(self) -> float:
-        if self.end is None:
-            return 0.0
-        if not self.cuda:
-            return self.end - self.begin
-        self.end.synchronize()
-        return self.begin.elapsed_time(self.end) / 1000.0
+    modules = resolve_modules(model, candidates, argument="candidates")
+    return timed_forwards(modules, step_fn, repeats, alike=alike)
 
 
 def _model_sizes(params: list[torch.Tensor], buffers: list[torch.Tensor], optimizer: Any) -> ModelSizes:

@@ -108,38 +108,6 @@ class StepTracker(LiveStorageTracker):
         super()._release(key)
 
 
-def forward_working_sets(modules: dict[str, nn.Module], step_fn: Any) -> dict[str, int]:
-    """Per candidate, the most its forward allocates above what is live when it starts, in ``step_fn`` run
-    under ``torch.no_grad()``: what a checkpointed candidate's forward holds (it keeps nothing either)."""
-    tracker, starts = StepTracker(frozenset()), []
-    working = dict.fromkeys(modules, 0)
-    handles = []
-
-    def pre(name: str):
-        def hook(*_: Any) -> None:
-            starts.append(tracker.live_bytes)
-            tracker.open_window()
-
-        return hook
-
-    def post(name: str):
-        def hook(*_: Any) -> None:
-            working[name] = max(working[name], tracker.close_window() - starts.pop())
-
-        return hook
-
-    try:
-        for name, module in modules.items():
-            handles.append(module.register_forward_pre_hook(pre(name)))
-            handles.append(module.register_forward_hook(post(name), always_call=True))
-        with tracker, torch.no_grad():
-            step_fn()
-    finally:
-        for handle in handles:
-            handle.remove()
-    return working
-
-
 @dataclass
 class _Call:
     """A candidate's call in the recorded forward, while it runs."""

@@ -7,6 +7,9 @@
 - **Time** comes from forwards under ``torch.no_grad()``: nothing is kept for backward, so the timing run
   needs less memory than any checkpointed step. One forward, except the first time a model on CUDA is
   timed: the best of two there (the first CUDA calls of a process load kernels and grow the allocator).
+  Blocks alike (a decoder's layers: same structure, parameters and input shapes) are timed on the
+  kind's first two calls and share the faster time; the others do not run
+  (:mod:`lightning_ckpt.core.timing`; FSDP and FSDP2 time every block).
 - **The optimizer step's temporaries** depend on the parameters, the optimizer's settings and its
   state, not on the batch. Torch's own Adam, AdamW and SGD in their plain settings: from the parameters'
   layouts (:func:`lightning_ckpt.core.memory.optimizer.known_step_bytes`, tested equal to a fake step).
@@ -100,7 +103,9 @@ def profile_in_fit(
                 _real_profile(trainer, pl_module, batch, batch_idx, candidates, cost, optimizer), trainer
             )
         if cost == "time":
-            profile = _with_seconds(profile, _timed(trainer, pl_module, batch, batch_idx, candidates))
+            alike = not (is_fsdp2(pl_module) or _is_fsdp(trainer))  # their hooks run around every call
+            seconds = _timed(trainer, pl_module, batch, batch_idx, candidates, alike)
+            profile = _with_seconds(profile, seconds)
     return _with_strategy_memory(profile, trainer)
 
 
@@ -169,13 +174,18 @@ def _with_optimizer_step(profile: StepProfile, pl_module: pl.LightningModule, op
 
 
 def _timed(
-    trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, candidates: Sequence[str]
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    batch_idx: int,
+    candidates: Sequence[str],
+    alike: bool,
 ) -> dict[str, float]:
     step_fn = training_loss_fn(trainer, pl_module, batch, batch_idx)
     on_cuda = trainer.strategy.root_device.type == "cuda"
     repeats = 2 if on_cuda and pl_module not in _timed_on_cuda else 1
     with untouched_training_state(pl_module), no_gradient_sync(trainer):
-        seconds = time_forwards(pl_module, candidates, step_fn, repeats=repeats)
+        seconds = time_forwards(pl_module, candidates, step_fn, repeats=repeats, alike=alike)
     if on_cuda:
         _timed_on_cuda.add(pl_module)
     return seconds

@@ -1,0 +1,57 @@
+"""Working sets: blocks alike (plain attributes included) are measured on their kind's first two calls."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from lightning_ckpt.core.working_sets import forward_working_sets
+
+_CACHE: dict[str, torch.Tensor] = {}
+
+
+class _Block(nn.Module):
+    """A block whose no-grad forward holds ``4 x width x repeats`` float32 at its peak."""
+
+    def __init__(self, width: int = 8, repeats: int = 4, cached: bool = False) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.repeats = repeats
+        self.cached = cached
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.cached and "table" not in _CACHE:  # one table for all blocks, made on the first call
+            _CACHE["table"] = torch.zeros(1024)
+        wide = x.repeat(1, self.repeats)
+        return self.linear(x) + wide[:, : x.shape[1]]
+
+
+def _working(blocks: list[_Block], alike: bool) -> tuple[dict[str, int], list[int]]:
+    model = nn.Sequential(*blocks)
+    x = torch.randn(4, 8)
+    working = forward_working_sets(dict(model.named_children()), lambda: model(x), alike=alike)
+    return working, [block.calls for block in blocks]
+
+
+def test_blocks_alike_are_measured_twice_and_given_the_same_bytes():
+    working, calls = _working([_Block() for _ in range(6)], alike=True)
+    whole, whole_calls = _working([_Block() for _ in range(6)], alike=False)
+    assert calls == [1, 1, 0, 0, 0, 0] and whole_calls == [1] * 6
+    assert working == whole and len(set(whole.values())) == 1 and whole["0"] > 0
+
+
+def test_a_plain_attribute_makes_blocks_of_other_kinds():
+    blocks = [_Block(repeats=4), _Block(repeats=4), _Block(repeats=4), _Block(repeats=16), _Block(repeats=16)]
+    working, calls = _working(blocks, alike=True)
+    assert calls == [1, 1, 0, 1, 1]  # repeats=16 is another kind: measured, not given the first kind's bytes
+    whole, _ = _working([_Block(repeats=b.repeats) for b in blocks], alike=False)
+    assert working == whole and working["3"] > working["0"]
+
+
+def test_a_kind_whose_first_calls_differ_is_measured_on_every_call():
+    _CACHE.clear()
+    working, calls = _working([_Block(cached=True) for _ in range(4)], alike=True)
+    assert calls == [1] * 4  # the first call made the shared table: its bytes differ from the second's
+    assert working["0"] > working["1"] == working["2"] == working["3"]
