@@ -43,7 +43,7 @@ from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointi
 from lightning_ckpt.planning import make_plan
 from lightning_ckpt.planning.choices import choice_peak_bytes
 from lightning_ckpt.planning.nested import prefix_form
-from lightning_ckpt.planning.op_plan import candidate_options, make_op_plan
+from lightning_ckpt.planning.op_plan import choice_options, make_op_plan
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.testing import memory_cap
 
@@ -109,14 +109,13 @@ def _block_costs(model: GPT, idx: torch.Tensor) -> list[OptionCost]:
 
 def _predict(form, profile, costs: list[OptionCost], arrangement: dict) -> int:
     """The predicted peak of an arrangement (block name -> "checkpoint" or an OptionCost), with the
-    planner's own options (:func:`candidate_options`, unpruned: its held-bytes correction included)."""
-    weight = dict(zip(form.order, form.weight_bytes, strict=True))
-    options, choice = [], []
-    for i, module in enumerate(profile.modules):
-        group = candidate_options(module, weight[i], costs, "flops", prune=False)
+    planner's own options (:func:`choice_options`, unpruned: its held-bytes correction included)."""
+    measured = dict.fromkeys((m.name for m in profile.modules), costs)
+    options = choice_options(profile, form, measured, "flops", prune=False)
+    choice = []
+    for module, group in zip(profile.modules, options, strict=True):
         what = arrangement.get(module.name)
         name = "keep" if what is None else "checkpoint" if what == "checkpoint" else what.name
-        options.append(group)
         choice.append(next(j for j, option in enumerate(group) if option.name == name))
     return choice_peak_bytes(form, options, choice)
 
@@ -132,7 +131,7 @@ def _apply(model: GPT, arrangement: Arrangement) -> None:
 
 
 def _step(model: GPT, optimizer, idx, targets) -> None:
-    _, loss = model(idx, targets)
+    loss = model(idx, targets)[1]  # the logits freed before backward, as Lightning's `training_step`
     optimizer.zero_grad(set_to_none=True)  # after the forward, as Lightning's loop
     loss.backward()
     optimizer.step()
