@@ -39,7 +39,9 @@ from lightning_ckpt.core.selective.costs import OptionCost, option_costs
 from lightning_ckpt.core.selective.measure import device_clock
 from lightning_ckpt.core.selective.options import profile_block
 from lightning_ckpt.core.selective.policy import SelectivePolicy
+from lightning_ckpt.core.selective.timing import timed_option_times
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
+from lightning_ckpt.lightning.op_options import TIMED_ROUNDS
 from lightning_ckpt.planning import make_plan
 from lightning_ckpt.planning.choices import choice_peak_bytes
 from lightning_ckpt.planning.nested import prefix_form
@@ -103,8 +105,11 @@ def _block_costs(model: GPT, idx: torch.Tensor) -> list[OptionCost]:
         model(idx)
     handle.remove()
     x = caught["x"].detach().clone().requires_grad_(True)
-    block = model.transformer.h[0]
-    return option_costs(block, (x,), profile_block(block, x, repeats=3, clock=device_clock(block)))
+    block, clock = model.transformer.h[0], device_clock(model)
+    profile = profile_block(block, x, repeats=3, clock=clock)  # as the callback measures (op_options._timed)
+    return option_costs(
+        block, (x,), timed_option_times(block, x, profile=profile, repeats=TIMED_ROUNDS, clock=clock)
+    )
 
 
 def _predict(form, profile, costs: list[OptionCost], arrangement: dict) -> int:

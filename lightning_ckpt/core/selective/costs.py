@@ -16,8 +16,9 @@ counts them):
   and its backward counted from before its forward, peak than a full checkpoint's: what it adds at the
   step's checkpointed-forward and recompute points of the block (the planner weighs the two apart).
 
-Times are shares of the block's forward, so the step's own measured recompute time of each block scales
-them; eager SAC's measured overhead is kept apart (seconds per call).
+Times are fractions of the block's forward, SAC's own cost in them, so the step's own measured recompute
+time of each block (the full checkpoint's price) scales them; eager SAC's overhead measured apart is
+reported beside them (:mod:`~lightning_ckpt.core.selective.timing` times each option whole).
 
 Example:
     >>> import torch
@@ -81,8 +82,10 @@ class OptionCost:
         kind: ``"keep"``, ``"checkpoint"`` or ``"selective"``.
         held_bytes: bytes held from the block's forward to its backward beyond its inputs and output.
         transient_bytes: what its backward's peak adds over the kept block's backward peak (>= 0).
-        recompute_share: the part of the block's forward its backward runs again (0 to 1).
-        overhead_seconds: eager SAC's own measured cost per call (0 for keep and full checkpoint).
+        recompute_share: its backward's extra time as a fraction of the block's forward, SAC's own cost
+            included (0 for keep, 1 for full checkpoint; a selective option may cost more than 1).
+        overhead_seconds: eager SAC's own cost per call measured apart, reported (0 for keep and full
+            checkpoint; already in ``recompute_share``).
         recompute_flops: FLOPs recomputed in backward.
         policy: the selective policy (None for keep and full checkpoint).
         forward_extra_bytes: how much higher its forward peaks than a fully checkpointed forward's
@@ -106,7 +109,7 @@ class OptionCost:
 
     def recompute_seconds(self, forward_seconds: float) -> float:
         """Backward's extra time for a block whose forward takes ``forward_seconds``."""
-        return self.recompute_share * forward_seconds + self.overhead_seconds
+        return self.recompute_share * forward_seconds
 
     @property
     def saved_ops(self) -> tuple[tuple[str, int], ...]:
@@ -177,7 +180,7 @@ def _cost(option: BlockOption, profile: OptionTimes, held: int, peak: int, keep_
     forward = profile.forward_seconds
     share = 0.0 if option.kind == "keep" else 1.0
     if option.kind == "selective":
-        share = min(1.0, max(0.0, (option.recompute_seconds - overhead) / forward)) if forward > 0 else 1.0
+        share = max(0.0, option.recompute_seconds / forward) if forward > 0 else 1.0
     return OptionCost(
         name=option.name,
         kind=option.kind,
