@@ -39,11 +39,13 @@ from lightning_ckpt.core.selective.costs import OptionCost, option_costs
 from lightning_ckpt.core.selective.measure import device_clock
 from lightning_ckpt.core.selective.options import profile_block
 from lightning_ckpt.core.selective.policy import SelectivePolicy
+from lightning_ckpt.core.selective.timing import timed_option_times
 from lightning_ckpt.core.wrapping import apply_checkpointing, remove_checkpointing
+from lightning_ckpt.lightning.op_options import TIMED_ROUNDS
 from lightning_ckpt.planning import make_plan
 from lightning_ckpt.planning.choices import choice_peak_bytes
 from lightning_ckpt.planning.nested import prefix_form
-from lightning_ckpt.planning.op_plan import candidate_options, make_op_plan
+from lightning_ckpt.planning.op_plan import choice_options, make_op_plan
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.testing import memory_cap
 
@@ -103,20 +105,22 @@ def _block_costs(model: GPT, idx: torch.Tensor) -> list[OptionCost]:
         model(idx)
     handle.remove()
     x = caught["x"].detach().clone().requires_grad_(True)
-    block = model.transformer.h[0]
-    return option_costs(block, (x,), profile_block(block, x, repeats=3, clock=device_clock(block)))
+    block, clock = model.transformer.h[0], device_clock(model)
+    profile = profile_block(block, x, repeats=3, clock=clock)  # as the callback measures (op_options._timed)
+    return option_costs(
+        block, (x,), timed_option_times(block, x, profile=profile, repeats=TIMED_ROUNDS, clock=clock)
+    )
 
 
 def _predict(form, profile, costs: list[OptionCost], arrangement: dict) -> int:
     """The predicted peak of an arrangement (block name -> "checkpoint" or an OptionCost), with the
-    planner's own options (:func:`candidate_options`, unpruned: its held-bytes correction included)."""
-    weight = dict(zip(form.order, form.weight_bytes, strict=True))
-    options, choice = [], []
-    for i, module in enumerate(profile.modules):
-        group = candidate_options(module, weight[i], costs, "flops", prune=False)
+    planner's own options (:func:`choice_options`, unpruned: its held-bytes correction included)."""
+    measured = dict.fromkeys((m.name for m in profile.modules), costs)
+    options = choice_options(profile, form, measured, "flops", prune=False)
+    choice = []
+    for module, group in zip(profile.modules, options, strict=True):
         what = arrangement.get(module.name)
         name = "keep" if what is None else "checkpoint" if what == "checkpoint" else what.name
-        options.append(group)
         choice.append(next(j for j, option in enumerate(group) if option.name == name))
     return choice_peak_bytes(form, options, choice)
 
@@ -132,7 +136,7 @@ def _apply(model: GPT, arrangement: Arrangement) -> None:
 
 
 def _step(model: GPT, optimizer, idx, targets) -> None:
-    _, loss = model(idx, targets)
+    loss = model(idx, targets)[1]  # the logits freed before backward, as Lightning's `training_step`
     optimizer.zero_grad(set_to_none=True)  # after the forward, as Lightning's loop
     loss.backward()
     optimizer.step()

@@ -5,8 +5,9 @@ The candidates' inputs are caught in one more forward of the training step under
 shapes give the same op calls and bytes, so the blocks of a decoder are measured once. Each distinct
 block is then measured alone on real tensors (:func:`~lightning_ckpt.core.selective.costs.option_costs`):
 one block's forward and backward, within any budget the step fits at all (the fixed peak holds a
-checkpointed block's whole recomputation). Times are shares of the block's forward (the step's own
-recompute time of each block scales them) plus eager SAC's overhead, measured. Gradients, buffers and
+checkpointed block's whole recomputation). Times are fractions of the block's forward, each option's
+forward and backward timed whole against keep and full checkpoint (the step's own recompute time of
+each block scales them). Gradients, buffers and
 RNG streams are restored afterwards, as for the step's profile.
 
 On several devices only rank 0 times its blocks; it broadcasts each candidate's options and times
@@ -28,11 +29,12 @@ import torch.nn as nn
 from lightning_ckpt._compat import tree_flatten, tree_leaves, tree_map_only, tree_unflatten
 from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.names import resolve_modules
-from lightning_ckpt.core.selective.costs import OptionCost, OptionTimes, option_costs, option_times
+from lightning_ckpt.core.selective.costs import OptionCost, OptionTimes, option_costs
 from lightning_ckpt.core.selective.measure import device_clock
 from lightning_ckpt.core.selective.ops import record_ops
 from lightning_ckpt.core.selective.options import BlockOption, profile_block
 from lightning_ckpt.core.selective.policy import SelectivePolicy
+from lightning_ckpt.core.selective.timing import timed_option_times
 from lightning_ckpt.core.wrapping import checkpointing_removed
 from lightning_ckpt.lightning.plain_blocks import plain_blocks
 from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
@@ -160,10 +162,17 @@ def _prepared(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict):
 
 
 def _timed(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> OptionTimes:
-    """One block's options and their times, measured on real tensors."""
+    """One block's options and their times, measured on real tensors: each option's forward and
+    backward timed whole (:func:`~lightning_ckpt.core.selective.timing.timed_option_times`)."""
     called, args, context = _prepared(trainer, block, args, kwargs)
+    clock = device_clock(block)
     with context:
-        return option_times(profile_block(called, *args, repeats=3, clock=device_clock(block)))
+        profile = profile_block(called, *args, repeats=3, clock=clock)
+        return timed_option_times(called, *args, profile=profile, repeats=TIMED_ROUNDS, clock=clock)
+
+
+TIMED_ROUNDS = 5
+"""Interleaved rounds of each option's forward and backward (a quartile of five paired differences)."""
 
 
 def _sized(

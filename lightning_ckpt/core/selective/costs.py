@@ -11,10 +11,14 @@ counts them):
   kept, a selective checkpoint's cache, nothing but the inputs for a full checkpoint);
 - ``transient_bytes``: how much higher the block's own backward peaks, counted from before its forward,
   than the kept block's (a recomputation's outputs and temporaries beside what it held): what the option
-  adds at that point of the step's peak on top of the kept block's point (0 for keep; at least 0).
+  adds at that point of the step's peak on top of the kept block's point (0 for keep; at least 0);
+- ``forward_extra_bytes`` and ``backward_extra_bytes`` (selective options): how much higher its forward,
+  and its backward counted from before its forward, peak than a full checkpoint's: what it adds at the
+  step's checkpointed-forward and recompute points of the block (the planner weighs the two apart).
 
-Times are shares of the block's forward, so the step's own measured recompute time of each block scales
-them; eager SAC's measured overhead is kept apart (seconds per call).
+Times are fractions of the block's forward, SAC's own cost in them, so the step's own measured recompute
+time of each block (the full checkpoint's price) scales them; eager SAC's overhead measured apart is
+reported beside them (:mod:`~lightning_ckpt.core.selective.timing` times each option whole).
 
 Example:
     >>> import torch
@@ -78,14 +82,18 @@ class OptionCost:
         kind: ``"keep"``, ``"checkpoint"`` or ``"selective"``.
         held_bytes: bytes held from the block's forward to its backward beyond its inputs and output.
         transient_bytes: what its backward's peak adds over the kept block's backward peak (>= 0).
-        recompute_share: the part of the block's forward its backward runs again (0 to 1).
-        overhead_seconds: eager SAC's own measured cost per call (0 for keep and full checkpoint).
+        recompute_share: its backward's extra time as a fraction of the block's forward, SAC's own cost
+            included (0 for keep, 1 for full checkpoint; a selective option may cost more than 1).
+        overhead_seconds: eager SAC's own cost per call measured apart, reported (0 for keep and full
+            checkpoint; already in ``recompute_share``).
         recompute_flops: FLOPs recomputed in backward.
         policy: the selective policy (None for keep and full checkpoint).
-        output_bytes: the block's output (a selective recomputation made it again in the measured
-            steps, beyond a full checkpoint's transient: the planner adds it at the block's backward).
         forward_extra_bytes: how much higher its forward peaks than a fully checkpointed forward's
-            (its cache grows beside the forward's temporaries; 0 for keep and checkpoint).
+            (its cache grows beside the forward's temporaries; 0 for keep and checkpoint): the planner
+            adds it at the block's checkpointed-forward point.
+        backward_extra_bytes: how much higher its backward peaks, counted from before its forward, than
+            a fully checkpointed block's (0 on a GPT block: the cache stands in for what a full
+            recomputation remakes; 0 for keep and checkpoint): added at the block's recompute points.
     """
 
     name: str
@@ -96,12 +104,12 @@ class OptionCost:
     overhead_seconds: float
     recompute_flops: int
     policy: SelectivePolicy | None = None
-    output_bytes: int = 0
     forward_extra_bytes: int = 0
+    backward_extra_bytes: int = 0
 
     def recompute_seconds(self, forward_seconds: float) -> float:
         """Backward's extra time for a block whose forward takes ``forward_seconds``."""
-        return self.recompute_share * forward_seconds + self.overhead_seconds
+        return self.recompute_share * forward_seconds
 
     @property
     def saved_ops(self) -> tuple[tuple[str, int], ...]:
@@ -136,11 +144,15 @@ def option_costs(
     with fake_model(block) as fake:  # on a fake twin: nothing allocated
         fake_args = fake.fake(tuple(args))
         measured = {option.name: _memory(block, fake_args, option) for option in options}
-    keep_peak = sum(measured["keep"][:2])
-    full_forward = measured["checkpoint"][3]
-    costs = [_cost(option, times, *measured[option.name][:3], keep_peak) for option in options]
+    keep_peak, full_peak = (sum(measured[name][:2]) for name in ("keep", "checkpoint"))
+    full_forward = measured["checkpoint"][2]
+    costs = [_cost(option, times, *measured[option.name][:2], keep_peak) for option in options]
     return [
-        dataclasses.replace(c, forward_extra_bytes=max(0, measured[c.name][3] - full_forward))
+        dataclasses.replace(
+            c,
+            forward_extra_bytes=max(0, measured[c.name][2] - full_forward),
+            backward_extra_bytes=max(0, sum(measured[c.name][:2]) - full_peak),
+        )
         if c.kind == "selective"
         else c
         for c in costs
@@ -161,16 +173,14 @@ def _candidates(profile: BlockOpProfile, max_prefixes: int) -> list[BlockOption]
     return list(distinct.values())
 
 
-def _cost(
-    option: BlockOption, profile: OptionTimes, held: int, peak: int, output: int, keep_peak: int
-) -> OptionCost:
+def _cost(option: BlockOption, profile: OptionTimes, held: int, peak: int, keep_peak: int) -> OptionCost:
     """``held`` and ``peak`` as :func:`_memory` gives them; ``keep_peak``: the kept block's backward peak
     counted from before its forward (its held bytes and its backward's rise)."""
     overhead = profile.sac_overhead_seconds if option.kind == "selective" else 0.0
     forward = profile.forward_seconds
     share = 0.0 if option.kind == "keep" else 1.0
     if option.kind == "selective":
-        share = min(1.0, max(0.0, (option.recompute_seconds - overhead) / forward)) if forward > 0 else 1.0
+        share = max(0.0, option.recompute_seconds / forward) if forward > 0 else 1.0
     return OptionCost(
         name=option.name,
         kind=option.kind,
@@ -180,7 +190,6 @@ def _cost(
         overhead_seconds=overhead,
         recompute_flops=option.recompute_flops,
         policy=option.policy,
-        output_bytes=output,
     )
 
 
@@ -191,20 +200,19 @@ def _run(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> Any:
     return checkpoint(block, *args, use_reentrant=False, **context)
 
 
-def _memory(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> tuple[int, int, int, int]:
+def _memory(block: nn.Module, args: tuple[Any, ...], option: BlockOption) -> tuple[int, int, int]:
     """(bytes held after the forward beyond its output, the backward's peak above its start, the
-    output's bytes, the forward's peak)."""
+    forward's peak)."""
     inputs = [t for t in (*block.parameters(), *tree_leaves(args)) if isinstance(t, torch.Tensor)]
     inputs = [t for t in inputs if t.requires_grad]
     with torch.enable_grad(), LiveStorageTracker() as tracker:
         out = _run(block, args, option)
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         forward_peak = tracker.peak_bytes
-        output = unique_storage_bytes(tree_leaves(out))
-        held = tracker.live_bytes - output
+        held = tracker.live_bytes - unique_storage_bytes(tree_leaves(out))
         grads = [torch.ones_like(t) for t in outputs]
         start = tracker.peak_bytes = tracker.live_bytes
         results = torch.autograd.grad(outputs, inputs, grads, allow_unused=True)
         peak = tracker.peak_bytes - start
         del results, grads, out, outputs
-    return held, peak, output, forward_peak
+    return held, peak, forward_peak

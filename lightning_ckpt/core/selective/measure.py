@@ -22,7 +22,14 @@ from lightning_ckpt._compat import tree_leaves
 from lightning_ckpt.core.selective.policy import SelectivePolicy
 from lightning_ckpt.core.storage import LiveStorageTracker, unique_storage_bytes
 
-__all__ = ["device_clock", "forward_seconds", "held_bytes", "sac_overhead_seconds"]
+__all__ = [
+    "device_clock",
+    "forward_seconds",
+    "held_bytes",
+    "interleaved_seconds",
+    "option_step",
+    "sac_overhead_seconds",
+]
 
 
 def held_bytes(module: nn.Module, *args: Any) -> int:
@@ -73,10 +80,43 @@ def forward_seconds(
         return _median_seconds(lambda: block(*args), repeats, clock)
 
 
-def _step(block: nn.Module, args: tuple[Any, ...], context_fn: Callable[[], Any] | None) -> None:
-    """One checkpointed forward and backward of ``block``; gradients are returned, never accumulated."""
+def interleaved_seconds(
+    runs: dict[str, Callable[[], Any]], repeats: int, clock: Clock
+) -> dict[str, list[float]]:
+    """Each run's time in each of ``repeats`` rounds, the runs interleaved (the order rotating each round,
+    one warm-up each first): a shared machine's drift falls on every run alike."""
+    for run in runs.values():
+        run()
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = clock()
+            runs[name]()
+            seconds[name].append(clock() - start)
+    return seconds
+
+
+def option_step(block: nn.Module, args: tuple[Any, ...], option: Any) -> Callable[[], None]:
+    """One forward and backward of ``block`` as ``option`` (a ``BlockOption``: keep, full checkpoint or
+    its selective policy) runs it, gradients returned, never accumulated; with gradients enabled."""
+    if option.kind == "keep":
+        return lambda: _step(block, args, None, checkpointed=False)
+    context_fn = option.policy.context_fn if option.policy is not None else None
+    return lambda: _step(block, args, context_fn)
+
+
+def _step(
+    block: nn.Module,
+    args: tuple[Any, ...],
+    context_fn: Callable[[], Any] | None,
+    *,
+    checkpointed: bool = True,
+) -> None:
+    """One (checkpointed) forward and backward of ``block``; gradients are returned, never accumulated."""
     options = {} if context_fn is None else {"context_fn": context_fn}
-    out = checkpoint(block, *args, use_reentrant=False, **options)
+    with torch.enable_grad():
+        out = checkpoint(block, *args, use_reentrant=False, **options) if checkpointed else block(*args)
     outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
     inputs = [t for t in (*block.parameters(), *tree_leaves(args)) if isinstance(t, torch.Tensor)]
     inputs = [t for t in inputs if t.requires_grad]
