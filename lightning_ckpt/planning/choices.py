@@ -7,9 +7,9 @@ after the last, the total base plus what every candidate holds. Block level, ``g
 kept (its take base binds) and nothing when checkpointed (its skip base, the recompute included). An
 option ``j`` of ``g`` generalises both: it holds ``held_bytes[j]`` from its forward to its backward, and
 its own backward's base is the take base plus the option's measured ``transient_bytes``, never below the
-skip base plus its measured extra over a full checkpoint (a selective recomputation runs inside the
-kept block's backward, as a full one does, makes the block's output again besides, and its forward
-holds its cache beside the forward's temporaries). That is
+skip base plus its measured extra over a full checkpoint (its forward holds its cache beside the
+forward's temporaries, counted at the checkpointed forward's point; its recomputation runs inside the
+kept block's backward, as a full one does). That is
 a multiple-choice knapsack with prefix capacities: group ``g``'s option ``j`` weighs its held bytes and
 may be taken while the groups before it weigh at most ``(budget - base[g][j]) // quantum``. Weights are
 rounded up and rooms down to whole quanta, so a choice that fits in quanta fits in bytes; keep and
@@ -59,8 +59,8 @@ class Option:
         cost: its recompute per step (seconds or FLOPs, as ``cost`` says; keep: 0).
         saved_ops: the op calls a selective option saves, ``(op name, occurrence)``.
         skip_extra_bytes: what a selective option adds over the full checkpoint's own points (the
-            skip base): the most of the block's output, which its recomputation makes again, and how much
-            higher its forward peaks than a checkpointed forward (both measured).
+            skip base): its forward's extra at the checkpointed forward's point and its backward's at the
+            recomputation's, whichever binds higher (measured; ``op_plan.split_skip_bases``).
     """
 
     name: str
