@@ -33,7 +33,7 @@ def test_a_selective_option_costs_its_extra_over_keep_as_a_fraction_of_the_full_
 ):
     block, x, profile = measured
     paired = {"sdpa": [1.0, 2.0, 3.0, 4.0, 9.0]}  # its rounds minus the checkpoint's: quartiles 2 and 4
-    rounds = {"keep": [10.0] * 5, "checkpoint": [30.0] * 5}
+    rounds = {"keep": [12.0, 10.0, 11.0, 10.5, 13.0], "checkpoint": [30.0] * 5}  # fastest 10, span 20
     _fixed_seconds(
         monkeypatch, lambda name: rounds.get(name, [30.0 + d for d in paired.get(name, [-10.0] * 5)])
     )
@@ -41,18 +41,32 @@ def test_a_selective_option_costs_its_extra_over_keep_as_a_fraction_of_the_full_
     plain = {o.name: o for o in option_times(profile).options}
     for option in times.options:
         if option.kind == "selective":
-            lower, _, upper = statistics.quantiles(
-                paired.get(option.name, [-10.0] * 5), n=4, method="inclusive"
-            )
-            fraction = (20.0 + 2 * upper - lower) / 20.0
+            differences = paired.get(option.name, [-10.0] * 5)
+            lower, _, upper = statistics.quantiles(differences, n=4, method="inclusive")
+            fastest = 30.0 + min(differences)
+            fraction = (fastest - 10.0 + (upper - lower) / 5**0.5) / 20.0
             assert option.recompute_seconds == pytest.approx(profile.forward_seconds * fraction)
         else:
             assert option == plain[option.name]
-    sdpa = next(o for o in times.options if o.name == "sdpa")
-    assert sdpa.recompute_seconds == pytest.approx(1.3 * profile.forward_seconds)  # dearer than checkpoint
+    sdpa = next(o for o in times.options if o.name == "sdpa")  # fastest 31: (21 + 2 / sqrt 5) / 20
+    assert sdpa.recompute_seconds == pytest.approx((1.05 + 0.1 / 5**0.5) * profile.forward_seconds)
     costs = {c.name: c for c in option_costs(block, (x,), times)}
-    assert costs["sdpa"].recompute_seconds(0.5) == pytest.approx(0.65)  # the step's recompute scales it
+    assert costs["sdpa"].recompute_seconds(0.5) == pytest.approx(0.5 * (1.05 + 0.1 / 5**0.5))
     assert costs["checkpoint"].recompute_seconds(0.5) == 0.5 and costs["keep"].recompute_seconds(0.5) == 0
+
+
+def test_one_disturbed_round_does_not_price_an_option(measured, monkeypatch):
+    """A shared machine only adds time: a round slowed by another job moves the spread, not the fastest."""
+    block, x, profile = measured
+    quiet = {"keep": [10.0] * 5, "checkpoint": [30.0] * 5}
+    disturbed = {"keep": [10.0] * 4 + [25.0], "checkpoint": [30.0] * 4 + [45.0]}
+    priced = []
+    for rounds in (quiet, disturbed):
+        _fixed_seconds(monkeypatch, lambda name, rounds=rounds: rounds.get(name, [14.0] * 5))
+        times = timing.timed_option_times(block, x, profile=profile, repeats=5)
+        priced.append({o.name: o.recompute_seconds for o in times.options})
+    assert priced[0] == priced[1]
+    assert priced[0]["sdpa"] == pytest.approx(0.2 * profile.forward_seconds)
 
 
 def test_without_a_measurable_checkpoint_the_op_records_prices_stay(measured, monkeypatch):

@@ -172,7 +172,7 @@ def _timed(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> 
 
 
 TIMED_ROUNDS = 5
-"""Interleaved rounds of each option's forward and backward (a quartile of five paired differences)."""
+"""Interleaved rounds of each option's forward and backward (the fastest of five, and their spread)."""
 
 
 def _sized(

@@ -8,13 +8,17 @@ difference of two 40 ms runs), and SDPA + all matmuls recomputed 1.3 ms of the o
 it paid about 4.8 ms over the overhead in the step. :func:`timed_option_times` times every option whole
 instead: ``repeats`` interleaved rounds of the real block's forward and backward per option, and prices
 each selective option by its extra time over keep as a fraction of the full checkpoint's extra over
-keep in the same rounds (SAC's dispatch modes, its cache and its recomputation all in it). The step's
-own recompute time of the block, the full checkpoint's price, scales the fraction. A selective option
-takes its paired differences with the full checkpoint, round by round, at their upper quartile plus
-their interquartile range: the rounds' noise counts against it, so that it is chosen only where it
-pays beyond what the measure can tell apart (on the example GPT under load, SDPA only and the top-2
-prefix priced 0.98 and 0.94 of the checkpoint at the upper quartile alone were chosen, and that plan
-ran 2.5% slower than the block-level one).
+keep (SAC's dispatch modes, its cache and its recomputation all in it). The step's own recompute time of
+the block, the full checkpoint's price, scales the fraction.
+
+Each run counts at its fastest round: a shared machine only ever adds time, so the fastest round is the
+least disturbed one, as ``timeit`` and the block-level profile take it. A selective option then pays one
+standard error more, the interquartile range of its paired differences with the full checkpoint over
+the square root of the rounds: it is chosen only where it pays beyond what the rounds can tell apart.
+On the 6-block n_embd 384 GPT's block (every window of 5 of 9 and of 15 rounds), the upper quartile plus
+the whole interquartile range this replaced priced SDPA + all matmuls at 0.80-1.02 of the checkpoint on
+average and SDPA + every other matmul at 0.77-1.02, above what full-step benchmarks measured for them
+(about keep's time); at their fastest rounds they priced 0.12-0.37 and 0.32-0.36.
 
 Example:
     >>> import torch
@@ -29,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -55,8 +60,8 @@ def timed_option_times(
     option's ``recompute_seconds`` measured whole: the block's forward (``profile.forward_seconds``)
     times its extra over keep as a fraction of the full checkpoint's, both timed on ``block(*args)``.
 
-    Where the full checkpoint measured no slower than keep (nothing to scale by), the op record's prices
-    are kept.
+    Where the full checkpoint's fastest round was no slower than keep's (nothing to scale by), the op
+    record's prices are kept.
 
     Raises:
         ValueError: if ``repeats`` is not an integer of at least 2 (a quartile needs two rounds).
@@ -66,20 +71,24 @@ def timed_option_times(
     times = option_times(profile, max_prefixes=max_prefixes)
     runs = {option.name: option_step(block, args, option) for option in times.options}
     seconds = interleaved_seconds(runs, repeats, clock)
-    keep, full = (statistics.median(seconds[name]) for name in ("keep", "checkpoint"))
+    keep, full = (min(seconds[name]) for name in ("keep", "checkpoint"))
     if full <= keep:
         return times
-    priced = tuple(_priced(o, seconds, full - keep, profile.forward_seconds) for o in times.options)
+    priced = tuple(_priced(o, seconds, keep, full - keep, profile.forward_seconds) for o in times.options)
     return dataclasses.replace(times, options=priced)
 
 
-def _priced(option: BlockOption, seconds: dict[str, list[float]], span: float, forward: float) -> BlockOption:
-    """A selective ``option`` with its recompute the forward times its measured fraction of the full
-    checkpoint's extra time (``span``), its paired differences at their upper quartile plus their
-    interquartile range; keep and full checkpoint as they are."""
+def _priced(
+    option: BlockOption, seconds: dict[str, list[float]], keep: float, span: float, forward: float
+) -> BlockOption:
+    """A selective ``option`` with its recompute the forward times its fraction of the full checkpoint's
+    extra time over keep (``span``, fastest rounds): its fastest round over ``keep``'s, plus the
+    interquartile range of its paired differences with the checkpoint over the square root of the
+    rounds; keep and full checkpoint as they are."""
     if option.kind != "selective":
         return option
-    paired = [s - f for s, f in zip(seconds[option.name], seconds["checkpoint"], strict=True)]
+    rounds = seconds[option.name]
+    paired = [s - f for s, f in zip(rounds, seconds["checkpoint"], strict=True)]
     lower, _, upper = statistics.quantiles(paired, n=4, method="inclusive")
-    fraction = (span + upper + (upper - lower)) / span
+    fraction = (min(rounds) - keep + (upper - lower) / math.sqrt(len(rounds))) / span
     return dataclasses.replace(option, recompute_seconds=forward * max(0.0, fraction))
