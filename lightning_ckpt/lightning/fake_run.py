@@ -32,6 +32,8 @@ from lightning_ckpt.core.hf_models import training_without_cache, unpacked_posit
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.core.profiler import profile_step
+from lightning_ckpt.core.selective.costs import OptionCost
+from lightning_ckpt.lightning.fake_options import fake_options
 from lightning_ckpt.lightning.fake_static import FakeModel, param_dtypes, static_memory_of
 from lightning_ckpt.lightning.run_spec import RunConfig
 from lightning_ckpt.lightning.step import PrecisionOnlyTrainer, training_loss_fn
@@ -107,6 +109,8 @@ class RunProfile:
     num_parameters: int
     batch_shapes: tuple[tuple[int, ...], ...]
     static: StaticMemory
+    options: dict[str, list[OptionCost]] = dataclasses.field(default_factory=dict)
+    """Op level (``op_level=True``): each candidate's options, priced in FLOPs."""
 
 
 def profile_run_on_fake_tensors(
@@ -116,6 +120,7 @@ def profile_run_on_fake_tensors(
     *,
     device_mesh: Any = None,
     plugin: Precision | None = None,
+    op_level: bool = False,
 ) -> RunProfile:
     """The run's model built fake (its ``configure_model`` too) in the strategy's dtypes, its step on
     ``batch`` made fake, and the strategy's per-device static memory (``lightning-ckpt plan``, and the
@@ -123,7 +128,8 @@ def profile_run_on_fake_tensors(
 
     ``device_mesh`` is given to the model before ``configure_model``, as ``ModelParallelStrategy`` gives
     it, so that a model sharding itself with ``fully_shard`` there is sharded (FSDP2 on fake tensors: its
-    collectives move no data). ``plugin`` as in :func:`profile_training_step`.
+    collectives move no data). ``plugin`` as in :func:`profile_training_step`. With ``op_level`` each
+    candidate's op-level options too (:func:`~lightning_ckpt.lightning.fake_options.fake_options`).
 
     Raises:
         ValueError: for a ``ModelParallelStrategy`` run without ``device_mesh`` (``plan_offline`` makes
@@ -146,12 +152,19 @@ def profile_run_on_fake_tensors(
         optimizer = _configured_optimizer(model)
         profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer, plugin)
         step_bytes = _optimizer_step_bytes(optimizer, model, mode)
+        names = [m.name for m in profile.modules]
+        options = (
+            fake_options(model, fake_batch, plugin or precision_plugin(run.precision), names)
+            if op_level
+            else {}
+        )
     static = static_memory_of(run, FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
     return RunProfile(
         profile=dataclasses.replace(profile, static=static, optimizer_step_bytes=step_bytes),
         num_parameters=sum(p.numel() for p in model.parameters()),
         batch_shapes=tuple(tuple(t.shape) for t in tree_leaves(batch) if isinstance(t, torch.Tensor)),
         static=static,
+        options=options,
     )
 
 

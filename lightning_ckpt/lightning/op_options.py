@@ -40,7 +40,7 @@ from lightning_ckpt.lightning.plain_blocks import plain_blocks
 from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
 from lightning_ckpt.planning.plan import CheckpointPlan
 
-__all__ = ["options_in_fit", "saved_options_in_fit"]
+__all__ = ["caught_inputs", "options_in_fit", "prepared_block", "saved_options_in_fit"]
 
 
 class _Called(nn.Module):
@@ -72,7 +72,7 @@ def _signature(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
     return type(module), params, tuple((tuple(t.shape), t.dtype) for t in leaves)
 
 
-def _caught_inputs(
+def caught_inputs(
     trainer: pl.Trainer,
     pl_module: pl.LightningModule,
     batch: Any,
@@ -118,7 +118,7 @@ def options_in_fit(
         untouched_training_state(pl_module),
         no_gradient_sync(trainer),
     ):
-        signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, modules)
+        signatures, first = caught_inputs(trainer, pl_module, batch, batch_idx, modules)
         modules = plain_blocks(pl_module, {name: modules[name] for name, _, _ in first.values()})
         times = _rank_zero_times(trainer, modules, signatures, first)
         measured = {
@@ -148,7 +148,7 @@ def _rank_zero_times(
     return times
 
 
-def _prepared(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict):
+def prepared_block(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict):
     """The block as called in the step with all its tensors as positional inputs, its own floating
     inputs requiring gradients as in training, and the step's precision context."""
     args = tuple(
@@ -164,7 +164,7 @@ def _prepared(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict):
 def _timed(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> OptionTimes:
     """One block's options and their times, measured on real tensors: each option's forward and
     backward timed whole (:func:`~lightning_ckpt.core.selective.timing.timed_option_times`)."""
-    called, args, context = _prepared(trainer, block, args, kwargs)
+    called, args, context = prepared_block(trainer, block, args, kwargs)
     clock = device_clock(block)
     with context:
         profile = profile_block(called, *args, repeats=3, clock=clock)
@@ -179,7 +179,7 @@ def _sized(
     trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict, times: OptionTimes
 ) -> list[OptionCost]:
     """The options of ``times`` sized on this rank's inputs (a fake twin)."""
-    called, args, context = _prepared(trainer, block, args, kwargs)
+    called, args, context = prepared_block(trainer, block, args, kwargs)
     with context:
         return option_costs(called, args, times)
 
@@ -198,14 +198,14 @@ def saved_options_in_fit(
         no_gradient_sync(trainer),
     ):
         modules = resolve_modules(pl_module, names, argument="candidates")
-        signatures, first = _caught_inputs(trainer, pl_module, batch, batch_idx, modules)
+        signatures, first = caught_inputs(trainer, pl_module, batch, batch_idx, modules)
         modules = plain_blocks(pl_module, {name: modules[name] for name, _, _ in first.values()})
         measured = {}
         for signature, (name, args, kwargs) in first.items():
             wanted = {saved[n] for n, s in signatures.items() if s == signature and n in saved}
             if not wanted:
                 continue
-            called, args, context = _prepared(trainer, modules[name], args, kwargs)
+            called, args, context = prepared_block(trainer, modules[name], args, kwargs)
             with context:
                 problem = _unmatched_calls(called, args, wanted, name)
                 if problem:

@@ -9,6 +9,10 @@ FSDP2 (``ModelParallelStrategy``) is planned as the callback plans it in a fit: 
 ``configure_model`` shards it with ``fully_shard``, and FSDP2 runs its step on fake tensors. The device
 mesh it shards over is made in this process on torch's fake process group, as rank 0 of the config's
 world size (collectives move no data; rank 0 holds the largest shards where they do not divide evenly).
+
+``granularity: op`` (one device or DDP): each distinct block's options are recorded and sized on the
+fake model and priced in FLOPs (:mod:`lightning_ckpt.lightning.fake_options`), then planned by the
+fit's ``make_op_plan``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from lightning_ckpt.lightning.run_spec import RunConfig
 from lightning_ckpt.offline.data import first_batch
 from lightning_ckpt.offline.run_config import load_run_config
 from lightning_ckpt.planning import make_plan
+from lightning_ckpt.planning.op_plan import make_op_plan
 from lightning_ckpt.planning.plan import CheckpointPlan
 from lightning_ckpt.units import BYTES_PER_GB
 
@@ -78,10 +83,12 @@ class OfflinePlan:
 
     def _recompute_line(self) -> str:
         tflop = self.recompute_flops / 1e12
-        flops = f"recompute per step: {tflop:.2f} TFLOP (forward of the checkpointed modules)"
+        flops = f"recompute per step: {tflop:.2f} TFLOP (forward FLOPs the checkpointed modules recompute)"
         if self.tflops is None:
             return f"{flops}; pass --tflops for time"
-        return f"{flops} = {self.plan.recompute_seconds * 1e3:.2f} ms at {self.tflops:g} TFLOP/s"
+        return (
+            f"{flops} = {self.recompute_flops / (self.tflops * 1e12) * 1e3:.2f} ms at {self.tflops:g} TFLOP/s"
+        )
 
     def _static_lines(self) -> list[str]:
         s = self.static
@@ -125,8 +132,8 @@ def plan_offline(
 
     Raises:
         BudgetTooSmallError: the budget is below the smallest that works (the message names it).
-        ValueError: bad arguments, no budget anywhere, no data module, ``granularity: op`` (op-level
-            options are measured in a fit), a strategy it cannot model (FSDP2 with tensor
+        ValueError: bad arguments, no budget anywhere, no data module, ``granularity: op`` with a
+            sharding strategy (FSDP, FSDP2, DeepSpeed), a strategy it cannot model (FSDP2 with tensor
             parallelism), or FSDP2 in a process that has a process group already.
 
     Example:
@@ -136,7 +143,7 @@ def plan_offline(
     """
     run = load_run_config(config_path, _overrides(overrides, devices, num_nodes))
     settings = _callback_settings(run, budget_gb)
-    _check_granularity(settings)
+    _check_granularity(settings, run)
     if tflops is not None and not _positive(tflops):
         raise ValueError(f"`tflops` must be a positive finite number, got {tflops!r}")
     if run.data is None:
@@ -144,12 +151,17 @@ def plan_offline(
             f"the config {str(config_path)!r} must name a `data` module (the batch shape comes from it)"
         )
     batch = first_batch(run.data)
+    op_level = settings.granularity == "op"
     with _offline_device_mesh(run) as mesh, post_forward_meshes(None):  # reshard_after_forward=N
-        profiled = profile_run_on_fake_tensors(run, settings.targets, batch, device_mesh=mesh)
+        profiled = profile_run_on_fake_tensors(
+            run, settings.targets, batch, device_mesh=mesh, op_level=op_level
+        )
     profile = _with_seconds(profiled.profile, tflops)
     settings = dataclasses.replace(settings, cost="flops")  # nothing to time offline
-    plan = make_plan(profile, settings.budget_bytes, settings, notes=_notes(run))
-    checkpointed = set(plan.checkpointed)
+    if op_level:
+        plan = make_op_plan(profile, profiled.options, settings.budget_bytes, settings, notes=_notes(run))
+    else:
+        plan = make_plan(profile, settings.budget_bytes, settings, notes=_notes(run))
     return OfflinePlan(
         plan=plan,
         model_class=run.model.class_path,
@@ -159,7 +171,7 @@ def plan_offline(
         precision=run.precision,
         batch_shapes=profiled.batch_shapes,
         static=profiled.static,
-        recompute_flops=sum(m.flops for m in profile.modules if m.name in checkpointed),
+        recompute_flops=_recompute_flops(plan, profile, profiled.options),
         tflops=tflops,
     )
 
@@ -243,15 +255,28 @@ def _callback_settings(run: RunConfig, budget_gb: float | None) -> AutoCheckpoin
     return AutoCheckpointConfig(**arguments)
 
 
-def _check_granularity(settings: AutoCheckpointConfig) -> None:
-    """Refuse op level offline: its options are sized on each block's inputs and timed on the device in
-    a fit, which the offline run does not do (yet)."""
-    if settings.granularity != "block":
+def _check_granularity(settings: AutoCheckpointConfig, run: RunConfig) -> None:
+    """Refuse op level where a fit refuses it (FSDP with flat parameters, DeepSpeed) and for FSDP2, whose
+    sharded blocks the offline run cannot run alone (a fit measures them on plain copies)."""
+    if settings.granularity == "op" and run.strategy_name not in ("single", "ddp"):
         raise ValueError(
-            "`granularity` must be 'block' to plan offline (op-level options are measured in a fit, on the"
-            " device; the block-level plan bounds op level's recompute at the same budget): set"
-            f" granularity: block or leave it out, got {settings.granularity!r}"
+            "`granularity` must be 'block' to plan a sharded run offline (op level is planned offline on"
+            " one device and with DDP; a ModelParallelStrategy (FSDP2) fit plans it on the device): set"
+            f" granularity: block for strategy {run.strategy_name!r}, got {settings.granularity!r}"
         )
+
+
+def _recompute_flops(plan: CheckpointPlan, profile: StepProfile, options: dict[str, list]) -> int:
+    """Forward FLOPs the plan's backward recomputes: a checkpointed module's forward, a selective
+    option's recomputed calls."""
+    flops = {m.name: m.flops for m in profile.modules}
+    total = 0
+    for item in plan.items:
+        if item.selective:
+            total += next(c.recompute_flops for c in options[item.name] if c.name == item.option)
+        elif item.name in plan.checkpointed:
+            total += flops[item.name]
+    return int(total)
 
 
 def _notes(run: RunConfig) -> tuple[str, ...]:

@@ -380,7 +380,10 @@ def _plan(
 
 
 def _item(module: ModuleProfile, group: list[Option], option: Option, timed: bool) -> PlanItem:
-    seconds = option.cost if timed else 0.0  # a plan priced in FLOPs has no option seconds
+    flops = None if timed else int(option.cost)  # priced in FLOPs: its seconds at the module's FLOP rate
+    seconds = (
+        option.cost if timed else module.recompute_seconds * flops / module.flops if module.flops else 0.0
+    )
     return PlanItem(
         name=module.name,
         activation_bytes=int(module.activation_bytes),
@@ -391,4 +394,5 @@ def _item(module: ModuleProfile, group: list[Option], option: Option, timed: boo
         option=option.name,
         saved_ops=tuple(option.saved_ops),
         option_seconds=float(seconds),
+        option_flops=flops,
     )

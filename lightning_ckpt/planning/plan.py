@@ -35,6 +35,8 @@ class PlanItem:
     """A selective option's saved op calls, ``(op name, occurrence)`` as its policy names them."""
     option_seconds: float | None = None
     """The chosen option's recompute per step (SAC's overhead included); None in a block-level plan."""
+    option_flops: int | None = None
+    """The chosen option's recomputed forward FLOPs in an op-level plan priced in FLOPs, else None."""
 
     @property
     def selective(self) -> bool:
@@ -156,7 +158,7 @@ def format_plan_table(plan: CheckpointPlan) -> str:
         "decision",
     )
     if any(item.option for item in plan.items):  # op level: each block's option, its recompute
-        header += ("option", "option ms")
+        header += ("option", "option ms" if timed else "option GFLOP")
         rows = [row + _option_cells(item, timed) for row, item in zip(rows, plan.items, strict=True)]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [_fmt_row(header, widths), _fmt_row(tuple("-" * w for w in widths), widths)]
@@ -183,8 +185,10 @@ def _option_cells(item: PlanItem, timed: bool) -> tuple[str, str]:
         if item.saved_ops
         else ""
     )
-    seconds = item.option_seconds or 0.0  # a plan priced in FLOPs has no option seconds
-    return f"{item.option}{ops}", f"{seconds * 1e3:.3f}" if timed else "-"
+    if timed:
+        return f"{item.option}{ops}", f"{(item.option_seconds or 0.0) * 1e3:.3f}"
+    flops = item.option_flops
+    return f"{item.option}{ops}", "-" if flops is None else f"{flops / 1e9:.3f}"
 
 
 def _timed(plan: CheckpointPlan) -> bool:
@@ -205,7 +209,11 @@ def _summary_lines(plan: CheckpointPlan) -> list[str]:
     if _timed(plan):
         recompute = f"+{plan.recompute_seconds * 1e3:.2f} ms recompute per step"
     else:
-        flops = sum(item.flops for item in plan.items if item.name in set(plan.checkpointed))
+        flops = sum(
+            item.flops if item.option_flops is None else item.option_flops
+            for item in plan.items
+            if item.name in set(plan.checkpointed)
+        )
         recompute = f"+{flops / 1e9:.3f} GFLOP recompute per step; no recompute times were measured"
     selective = f", {len(plan.selective)} of them selective" if plan.selective else ""
     lines = [

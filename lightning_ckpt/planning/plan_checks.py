@@ -89,9 +89,10 @@ ITEM_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "option": (lambda x: isinstance(x, str), "a string (the option's name; empty at block level)"),
     "saved_ops": (_op_calls, "a list of [op name, occurrence >= 0] pairs"),
     "option_seconds": (lambda x: x is None or _seconds(x), "None or " + _SECONDS[1]),
+    "option_flops": (lambda x: x is None or _in_range(0, MAX_FLOPS)(x), "None or an integer number of FLOPs"),
 }
 """Per field of a saved `PlanItem`: the check, and what it allows (for the message)."""
-ITEM_OPTIONAL = frozenset({"flops", "keep_bytes", "option", "saved_ops", "option_seconds"})
+ITEM_OPTIONAL = frozenset({"flops", "keep_bytes", "option", "saved_ops", "option_seconds", "option_flops"})
 
 PLAN_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "checkpointed": _NAMES,

@@ -32,8 +32,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -42,6 +43,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lightning_ckpt._compat import tree_leaves
 from lightning_ckpt.core.fake_tensors import fake_model
+from lightning_ckpt.core.selective.ops import on_fake_tensors
 from lightning_ckpt.core.selective.options import (
     BlockOpProfile,
     BlockOption,
@@ -141,8 +143,7 @@ def option_costs(
     """
     times = profile if isinstance(profile, OptionTimes) else option_times(profile, max_prefixes=max_prefixes)
     options = times.options
-    with fake_model(block) as fake:  # on a fake twin: nothing allocated
-        fake_args = fake.fake(tuple(args))
+    with _fake_run(block, args) as fake_args:  # nothing allocated
         measured = {option.name: _memory(block, fake_args, option) for option in options}
     keep_peak, full_peak = (sum(measured[name][:2]) for name in ("keep", "checkpoint"))
     full_forward = measured["checkpoint"][2]
@@ -157,6 +158,17 @@ def option_costs(
         else c
         for c in costs
     ]
+
+
+@contextlib.contextmanager
+def _fake_run(block: nn.Module, args: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
+    """``args`` as ``block``'s fake twin takes them, the twin in place until the block ends; a block of a
+    fake model (``lightning-ckpt plan``) runs as it is."""
+    if on_fake_tensors(block, args):
+        yield tuple(args)
+        return
+    with fake_model(block) as fake:
+        yield fake.fake(tuple(args))
 
 
 def _candidates(profile: BlockOpProfile, max_prefixes: int) -> list[BlockOption]:

@@ -33,7 +33,7 @@ from lightning_ckpt._compat import FakeTensor, TorchDispatchMode, tree_leaves
 from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.storage import storage_key, storages_of
 
-__all__ = ["OpCall", "record_ops"]
+__all__ = ["OpCall", "on_fake_tensors", "record_ops"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +238,7 @@ def record_ops(
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"`repeats` must be a positive integer, got {repeats!r}")
-    if _on_fake(block, args):
+    if on_fake_tensors(block, args):
         first, packed = _record_once(block, args, clock)
     else:
         with fake_model(block) as fake:  # the sizes on a fake twin: nothing allocated
@@ -263,7 +263,8 @@ def record_ops(
     ]
 
 
-def _on_fake(block: nn.Module, args: Sequence[Any]) -> bool:
+def on_fake_tensors(block: nn.Module, args: Sequence[Any]) -> bool:
+    """Whether ``block`` or its inputs are fake tensors already (a fake model: run it as it is)."""
     tensors = [*block.parameters(), *block.buffers(), *tree_leaves(args)]
     return any(isinstance(t, FakeTensor) for t in tensors)
 
