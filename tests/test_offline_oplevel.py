@@ -66,6 +66,16 @@ def test_an_offline_op_plan_chooses_selective_options_within_the_budget_for_fewe
     assert not check_plan_data(plan.to_dict()) and CheckpointPlan.from_dict(plan.to_dict()) == plan
 
 
+def test_a_tie_at_zero_flops_goes_to_keep(op_config, budget_gb):
+    """SDPA + all matmuls recomputes 0 FLOPs, as keep does: with room for most blocks kept, they are kept
+    (eager SAC has its own cost, which FLOPs do not count)."""
+    keep_all = plan_offline(op_config, budget_gb=100).plan.predicted_peak_bytes
+    plan = plan_offline(op_config, budget_gb=(keep_all * 0.99) / 1e9).plan
+    options = [item.option for item in plan.items]
+    assert "keep" in options and options != ["keep"] * len(options), options
+    assert all(item.option_flops == 0 for item in plan.items if item.option != "keep")
+
+
 def test_the_fake_models_options_are_sized_as_a_real_blocks(op_config):
     """The named rules' bytes and FLOPs on the fake model equal a real block's (the prefixes differ: offline
     they are taken by FLOPs per byte, in a fit by measured seconds per byte)."""

@@ -94,7 +94,8 @@ def candidate_options(
     for c in measured:
         if c.kind != "selective":
             continue
-        price = c.recompute_seconds(module.recompute_seconds) if cost == "time" else float(c.recompute_flops)
+        timed = cost == "time"  # in FLOPs, half a FLOP more: a tie with keep or checkpoint goes to them
+        price = c.recompute_seconds(module.recompute_seconds) if timed else c.recompute_flops + 0.5
         options.append(
             Option(
                 c.name,
@@ -380,7 +381,7 @@ def _plan(
 
 
 def _item(module: ModuleProfile, group: list[Option], option: Option, timed: bool) -> PlanItem:
-    flops = None if timed else int(option.cost)  # priced in FLOPs: its seconds at the module's FLOP rate
+    flops = None if timed else int(option.cost)  # in FLOPs (less the tie-break): seconds at the FLOP rate
     seconds = (
         option.cost if timed else module.recompute_seconds * flops / module.flops if module.flops else 0.0
     )
