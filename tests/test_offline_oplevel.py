@@ -1,6 +1,6 @@
 """``lightning-ckpt plan`` with ``granularity: op`` (issue 24): each distinct block's options recorded and
-sized on the fake model, priced in FLOPs, planned by the same multiple-choice planner as a fit; refused
-for sharded runs, whose blocks the offline run cannot run alone."""
+sized on the fake model (an unsharded twin under FSDP2), priced in FLOPs, planned by the same
+multiple-choice planner as a fit; refused for FSDP and DeepSpeed (flat parameters), as a fit refuses them."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from lightning_ckpt import plan_offline
+from lightning_ckpt.core.fsdp2 import post_forward_meshes
 from lightning_ckpt.core.selective.costs import option_costs
 from lightning_ckpt.core.selective.options import profile_block
 from lightning_ckpt.lightning.fake_run import profile_run_on_fake_tensors
 from lightning_ckpt.offline.data import first_batch
+from lightning_ckpt.offline.plan import _offline_device_mesh
 from lightning_ckpt.offline.run_config import load_run_config
 from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.planning.plan import CheckpointPlan
@@ -102,11 +104,34 @@ def test_the_fake_models_options_are_sized_as_a_real_blocks(op_config):
         assert fake[name].policy == real[name].policy
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "lightning.pytorch.strategies.ModelParallelStrategy"])
-def test_op_level_is_refused_offline_for_a_sharded_run_with_the_argument_named(tmp_path, strategy):
+FSDP2 = (
+    "\n    class_path: lightning.pytorch.strategies.ModelParallelStrategy\n"
+    "    init_args: {data_parallel_size: 2, tensor_parallel_size: 1}"
+)
+
+
+def test_an_fsdp2_run_is_planned_on_an_unsharded_twin_with_the_same_options(tmp_path, op_config, budget_gb):
+    """A sharded block cannot run alone (its hooks gather and reduce-scatter): its options are those of
+    the same block unsharded, the plan made on the sharded step's profile."""
+    sharded = plan_offline(_yaml(tmp_path, strategy=FSDP2, devices=2), budget_gb=budget_gb)
+    assert sharded.strategy == "fsdp2" and sharded.world_size == 2
+    plan = sharded.plan
+    assert plan.selective and plan.predicted_peak_bytes <= plan.budget_bytes
+    run = load_run_config(op_config)
+    single = profile_run_on_fake_tensors(run, None, first_batch(run.data), op_level=True).options
+    fsdp2_run = load_run_config(_yaml(tmp_path, strategy=FSDP2, devices=2))
+    with _offline_device_mesh(fsdp2_run) as mesh, post_forward_meshes(None):
+        twin = profile_run_on_fake_tensors(
+            fsdp2_run, None, first_batch(fsdp2_run.data), device_mesh=mesh, op_level=True
+        )
+    assert twin.options == single
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "lightning.pytorch.strategies.DeepSpeedStrategy"])
+def test_op_level_is_refused_offline_for_flat_parameter_sharding_with_the_argument_named(tmp_path, strategy):
     config = _yaml(tmp_path, strategy=strategy, devices=2)
     with pytest.raises(
-        ValueError, match=r"`granularity` must be 'block' to plan a sharded run offline .* got 'op'$"
+        ValueError, match=r"`granularity` must be 'block' to plan offline with a flat-parameter .* got 'op'$"
     ):
         plan_offline(config)
 

@@ -17,6 +17,8 @@ Example:
     ...     model = GPT(block_size=8, n_layer=2, n_head=2, n_embd=16)
     ...     batch = (mode.from_tensor(torch.zeros(2, 8, dtype=torch.long)),) * 2
     ...     options = fake_options(model, batch, precision_plugin("32-true"), ["transformer.h.0", "transformer.h.1"])
+    >>> unsharded_twin(model, GPT) is model  # nothing sharded: the model itself
+    True
     >>> sorted(options), options["transformer.h.0"][0].name, options["transformer.h.1"][-1].name
     (['transformer.h.0', 'transformer.h.1'], 'keep', 'checkpoint')
 """
@@ -24,12 +26,15 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.nn as nn
 
+from lightning_ckpt._compat import fsdp2_param_dtype
+from lightning_ckpt.core.fsdp2 import fsdp2_modules, is_fsdp2
 from lightning_ckpt.core.hf_models import training_without_cache, unpacked_positions_on_fake_tensors
 from lightning_ckpt.core.names import resolve_modules
 from lightning_ckpt.core.selective.costs import OptionCost, option_costs, option_times
@@ -38,7 +43,7 @@ from lightning_ckpt.core.selective.options import BlockOpProfile
 from lightning_ckpt.lightning.op_options import caught_inputs, prepared_block
 from lightning_ckpt.lightning.step import PrecisionOnlyTrainer
 
-__all__ = ["fake_options"]
+__all__ = ["fake_options", "unsharded_twin"]
 
 
 def fake_options(
@@ -58,6 +63,27 @@ def fake_options(
             for signature, (name, args, kwargs) in first.items()
         }
     return {name: measured[signature] for name, signature in signatures.items()}
+
+
+def unsharded_twin(model: nn.Module, build: Callable[[], nn.Module]) -> nn.Module:
+    """``model`` itself, or for a model that ``fully_shard`` shards (FSDP2, whose hooks gather and
+    reduce-scatter around each block) a twin ``build`` makes unsharded: a block's options depend on its
+    computation only, as a fit measures them on plain copies
+    (:mod:`~lightning_ckpt.lightning.plain_blocks`).
+
+    Raises:
+        ValueError: naming ``granularity`` for blocks under a ``MixedPrecisionPolicy`` with a
+            ``param_dtype`` (a fit casts its plain copies to it; offline does not yet).
+    """
+    if not is_fsdp2(model):
+        return model
+    cast = {fsdp2_param_dtype(m) for m in fsdp2_modules(model)} - {None}
+    if cast:
+        raise ValueError(
+            "`granularity` must be 'block' to plan offline a ModelParallelStrategy (FSDP2) model whose"
+            f" MixedPrecisionPolicy casts parameters (plan it in a fit), got 'op' with param_dtype {sorted(map(str, cast))}"
+        )
+    return build()
 
 
 def _options(trainer: Any, block: torch.nn.Module, args: tuple, kwargs: dict) -> list[OptionCost]:

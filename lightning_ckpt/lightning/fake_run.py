@@ -33,7 +33,7 @@ from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.core.profiler import profile_step
 from lightning_ckpt.core.selective.costs import OptionCost
-from lightning_ckpt.lightning.fake_options import fake_options
+from lightning_ckpt.lightning.fake_options import fake_options, unsharded_twin
 from lightning_ckpt.lightning.fake_static import FakeModel, param_dtypes, static_memory_of
 from lightning_ckpt.lightning.run_spec import RunConfig
 from lightning_ckpt.lightning.step import PrecisionOnlyTrainer, training_loss_fn
@@ -152,12 +152,7 @@ def profile_run_on_fake_tensors(
         optimizer = _configured_optimizer(model)
         profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer, plugin)
         step_bytes = _optimizer_step_bytes(optimizer, model, mode)
-        names = [m.name for m in profile.modules]
-        options = (
-            fake_options(model, fake_batch, plugin or precision_plugin(run.precision), names)
-            if op_level
-            else {}
-        )
+        options = _op_options(run, model, fake_batch, plugin, profile, compute_dtype) if op_level else {}
     static = static_memory_of(run, FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
     return RunProfile(
         profile=dataclasses.replace(profile, static=static, optimizer_step_bytes=step_bytes),
@@ -166,6 +161,21 @@ def profile_run_on_fake_tensors(
         static=static,
         options=options,
     )
+
+
+def _op_options(
+    run: RunConfig,
+    model: L.LightningModule,
+    batch: Any,
+    plugin: Precision | None,
+    profile: StepProfile,
+    dtype,
+) -> dict[str, list[OptionCost]]:
+    """Each candidate's op-level options, on an unsharded twin where FSDP2 shards the model."""
+    with _default_dtype(dtype):
+        twin = unsharded_twin(model, run.model.instantiate)
+    names = [m.name for m in profile.modules]
+    return fake_options(twin, batch, plugin or precision_plugin(run.precision), names)
 
 
 def _optimizer_step_bytes(optimizer: Any, model: torch.nn.Module, mode: FakeTensorMode) -> int:

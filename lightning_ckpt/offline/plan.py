@@ -10,7 +10,7 @@ FSDP2 (``ModelParallelStrategy``) is planned as the callback plans it in a fit: 
 mesh it shards over is made in this process on torch's fake process group, as rank 0 of the config's
 world size (collectives move no data; rank 0 holds the largest shards where they do not divide evenly).
 
-``granularity: op`` (one device or DDP): each distinct block's options are recorded and sized on the
+``granularity: op`` (one device, DDP, FSDP2 on an unsharded twin): each distinct block's options are recorded and sized on the
 fake model and priced in FLOPs (:mod:`lightning_ckpt.lightning.fake_options`), then planned by the
 fit's ``make_op_plan``.
 """
@@ -132,8 +132,8 @@ def plan_offline(
 
     Raises:
         BudgetTooSmallError: the budget is below the smallest that works (the message names it).
-        ValueError: bad arguments, no budget anywhere, no data module, ``granularity: op`` with a
-            sharding strategy (FSDP, FSDP2, DeepSpeed), a strategy it cannot model (FSDP2 with tensor
+        ValueError: bad arguments, no budget anywhere, no data module, ``granularity: op`` with FSDP
+            or DeepSpeed (or FSDP2 casting parameters), a strategy it cannot model (FSDP2 with tensor
             parallelism), or FSDP2 in a process that has a process group already.
 
     Example:
@@ -256,13 +256,14 @@ def _callback_settings(run: RunConfig, budget_gb: float | None) -> AutoCheckpoin
 
 
 def _check_granularity(settings: AutoCheckpointConfig, run: RunConfig) -> None:
-    """Refuse op level where a fit refuses it (FSDP with flat parameters, DeepSpeed) and for FSDP2, whose
-    sharded blocks the offline run cannot run alone (a fit measures them on plain copies)."""
-    if settings.granularity == "op" and run.strategy_name not in ("single", "ddp"):
+    """Refuse op level where a fit refuses it: FSDP and DeepSpeed shard the model into flat parameters."""
+    strategy = run.trainer.get("strategy") or "auto"
+    name = str(getattr(strategy, "class_path", strategy)).lower()
+    if settings.granularity == "op" and (run.strategy_name == "fsdp" or "deepspeed" in name):
         raise ValueError(
-            "`granularity` must be 'block' to plan a sharded run offline (op level is planned offline on"
-            " one device and with DDP; a ModelParallelStrategy (FSDP2) fit plans it on the device): set"
-            f" granularity: block for strategy {run.strategy_name!r}, got {settings.granularity!r}"
+            "`granularity` must be 'block' to plan offline with a flat-parameter sharding strategy (op level"
+            " runs on one device, with DDP or with ModelParallelStrategy): set granularity: block for"
+            f" strategy {name!r}, got {settings.granularity!r}"
         )
 
 
