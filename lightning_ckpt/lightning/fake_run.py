@@ -169,7 +169,7 @@ def _op_options(
     batch: Any,
     plugin: Precision | None,
     profile: StepProfile,
-    dtype,
+    dtype: torch.dtype,
 ) -> dict[str, list[OptionCost]]:
     """Each candidate's op-level options, on an unsharded twin where FSDP2 shards the model."""
     with _default_dtype(dtype):

@@ -10,9 +10,9 @@ FSDP2 (``ModelParallelStrategy``) is planned as the callback plans it in a fit: 
 mesh it shards over is made in this process on torch's fake process group, as rank 0 of the config's
 world size (collectives move no data; rank 0 holds the largest shards where they do not divide evenly).
 
-``granularity: op`` (one device, DDP, FSDP2 on an unsharded twin): each distinct block's options are recorded and sized on the
-fake model and priced in FLOPs (:mod:`lightning_ckpt.lightning.fake_options`), then planned by the
-fit's ``make_op_plan``.
+``granularity: op`` (one device, DDP, FSDP2 on an unsharded twin): each distinct block's options are
+recorded and sized on the fake model and priced in FLOPs (:mod:`lightning_ckpt.lightning.fake_options`),
+then planned by the fit's ``make_op_plan``.
 """
 
 from __future__ import annotations
