@@ -171,7 +171,7 @@ def plan_offline(
         precision=run.precision,
         batch_shapes=profiled.batch_shapes,
         static=profiled.static,
-        recompute_flops=_recompute_flops(plan, profile, profiled.options),
+        recompute_flops=plan.recompute_flops,
         tflops=tflops,
     )
 
@@ -265,19 +265,6 @@ def _check_granularity(settings: AutoCheckpointConfig, run: RunConfig) -> None:
             " runs on one device, with DDP or with ModelParallelStrategy): set granularity: block for"
             f" strategy {name!r}, got {settings.granularity!r}"
         )
-
-
-def _recompute_flops(plan: CheckpointPlan, profile: StepProfile, options: dict[str, list]) -> int:
-    """Forward FLOPs the plan's backward recomputes: a checkpointed module's forward, a selective
-    option's recomputed calls."""
-    flops = {m.name: m.flops for m in profile.modules}
-    total = 0
-    for item in plan.items:
-        if item.selective:
-            total += next(c.recompute_flops for c in options[item.name] if c.name == item.option)
-        elif item.name in plan.checkpointed:
-            total += flops[item.name]
-    return int(total)
 
 
 def _notes(run: RunConfig) -> tuple[str, ...]:

@@ -91,10 +91,11 @@ def candidate_options(
     ]
     keep_measured = next((c.held_bytes for c in measured if c.kind == "keep"), weight_bytes)
     extra = max(0, int(weight_bytes) - int(keep_measured))
+    timed = cost == "time"
     for c in measured:
         if c.kind != "selective":
             continue
-        timed = cost == "time"  # in FLOPs, half a FLOP more: a tie with keep or checkpoint goes to them
+        # in FLOPs, half a FLOP more: a tie with keep or checkpoint (SAC's own cost counts none) goes to them
         price = c.recompute_seconds(module.recompute_seconds) if timed else c.recompute_flops + 0.5
         options.append(
             Option(
@@ -381,10 +382,8 @@ def _plan(
 
 
 def _item(module: ModuleProfile, group: list[Option], option: Option, timed: bool) -> PlanItem:
-    flops = None if timed else int(option.cost)  # in FLOPs (less the tie-break): seconds at the FLOP rate
-    seconds = (
-        option.cost if timed else module.recompute_seconds * flops / module.flops if module.flops else 0.0
-    )
+    flops = None if timed else int(option.cost)  # the FLOPs less the tie-break's half
+    seconds = option.cost if timed else module.recompute_seconds * flops / max(module.flops, 1)
     return PlanItem(
         name=module.name,
         activation_bytes=int(module.activation_bytes),

@@ -81,6 +81,17 @@ class CheckpointPlan:
         peak = self.predicted_peak_bytes if self.measured_peak_bytes is None else self.measured_peak_bytes
         return peak <= self.budget_bytes
 
+    @property
+    def recompute_flops(self) -> int:
+        """Forward FLOPs the backward recomputes: each checkpointed module's forward, or its option's
+        recomputed calls where the plan was priced in FLOPs at op level."""
+        checkpointed = set(self.checkpointed)
+        return sum(
+            item.flops if item.option_flops is None else item.option_flops
+            for item in self.items
+            if item.name in checkpointed
+        )
+
     def with_measured_peak(self, measured_peak_bytes: int) -> CheckpointPlan:
         """A copy of the plan with the measured peak filled in."""
         return dataclasses.replace(self, measured_peak_bytes=int(measured_peak_bytes))
@@ -209,12 +220,9 @@ def _summary_lines(plan: CheckpointPlan) -> list[str]:
     if _timed(plan):
         recompute = f"+{plan.recompute_seconds * 1e3:.2f} ms recompute per step"
     else:
-        flops = sum(
-            item.flops if item.option_flops is None else item.option_flops
-            for item in plan.items
-            if item.name in set(plan.checkpointed)
+        recompute = (
+            f"+{plan.recompute_flops / 1e9:.3f} GFLOP recompute per step; no recompute times were measured"
         )
-        recompute = f"+{flops / 1e9:.3f} GFLOP recompute per step; no recompute times were measured"
     selective = f", {len(plan.selective)} of them selective" if plan.selective else ""
     lines = [
         f"checkpointed {len(plan.checkpointed)} of {len(plan.items)} modules{selective} ({recompute})",
