@@ -3,6 +3,7 @@ timed whole under every option, priced against the full checkpoint in the same r
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -73,6 +74,31 @@ def test_without_a_measurable_checkpoint_the_op_records_prices_stay(measured, mo
     block, x, profile = measured
     _fixed_seconds(monkeypatch, lambda name: [10.0] * 5)
     assert timing.timed_option_times(block, x, profile=profile, repeats=5) == option_times(profile)
+
+
+def test_a_profile_made_without_the_sac_overhead_measures_it_only_where_the_timing_falls_back(
+    measured, monkeypatch
+):
+    """The callback profiles blocks without eager SAC's overhead (timing each option whole leaves it
+    out); the fallback to the op record's prices measures it then, and prices as a full profile would."""
+    block, x, profile = measured
+    lean = profile_block(block, x, repeats=1, sac_overhead=False)
+    assert lean.sac_overhead_seconds is None and profile.sac_overhead_seconds is not None
+    calls = []
+    monkeypatch.setattr(timing, "sac_overhead_seconds", lambda *a, **k: calls.append(a) or 0.25)
+    rounds = {"keep": [10.0] * 5, "checkpoint": [30.0] * 5}
+    _fixed_seconds(monkeypatch, lambda name: rounds.get(name, [14.0] * 5))
+    timed = timing.timed_option_times(block, x, profile=lean, repeats=5)
+    assert calls == [] and timed.sac_overhead_seconds is None  # priced by the rounds: never measured apart
+    assert {o.name: o.recompute_seconds for o in timed.options}["sdpa"] == pytest.approx(
+        0.2 * lean.forward_seconds
+    )
+    _fixed_seconds(monkeypatch, lambda name: [10.0] * 5)  # no measurable checkpoint: the op record prices
+    fallback = timing.timed_option_times(block, x, profile=lean, repeats=5)
+    assert len(calls) == 1 and fallback.sac_overhead_seconds == 0.25
+    expected = option_times(dataclasses.replace(lean, sac_overhead_seconds=0.25))
+    assert fallback == expected
+    assert all(o.recompute_seconds >= 0.25 for o in fallback.options if o.kind == "selective")
 
 
 def test_real_timing_prices_every_option_and_accumulates_no_gradient(measured):

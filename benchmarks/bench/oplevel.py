@@ -106,7 +106,7 @@ def _block_costs(model: GPT, idx: torch.Tensor) -> list[OptionCost]:
     handle.remove()
     x = caught["x"].detach().clone().requires_grad_(True)
     block, clock = model.transformer.h[0], device_clock(model)
-    profile = profile_block(block, x, repeats=3, clock=clock)  # as the callback measures (op_options._timed)
+    profile = profile_block(block, x, repeats=3, clock=clock, sac_overhead=False)  # as op_options._timed
     return option_costs(
         block, (x,), timed_option_times(block, x, profile=profile, repeats=TIMED_ROUNDS, clock=clock)
     )
@@ -245,7 +245,7 @@ def bench_model(title: str, config: dict, batch: int, rounds: int, clock) -> Non
     for c in costs:
         print(
             f"  {c.name}: {c.held_bytes / 1e6:.2f}, {c.transient_bytes / 1e6:.2f}, {c.recompute_share:.3f},"
-            f" {c.overhead_seconds * 1e3:.2f}"
+            f" {'not measured' if c.overhead_seconds is None else f'{c.overhead_seconds * 1e3:.2f}'}"
         )
     print(
         "\n| budget MB | arrangement | blocks | predicted MB | measured MB | fits | step ms | IQR ms | / op-level |"

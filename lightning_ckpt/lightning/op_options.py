@@ -163,11 +163,12 @@ def prepared_block(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: d
 
 def _timed(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict) -> OptionTimes:
     """One block's options and their times, measured on real tensors: each option's forward and
-    backward timed whole (:func:`~lightning_ckpt.core.selective.timing.timed_option_times`)."""
+    backward timed whole (:func:`~lightning_ckpt.core.selective.timing.timed_option_times`; eager SAC's
+    overhead only where that falls back to the op record's prices)."""
     called, args, context = prepared_block(trainer, block, args, kwargs)
     clock = device_clock(block)
     with context:
-        profile = profile_block(called, *args, repeats=3, clock=clock)
+        profile = profile_block(called, *args, repeats=3, clock=clock, sac_overhead=False)
         return timed_option_times(called, *args, profile=profile, repeats=TIMED_ROUNDS, clock=clock)
 
 

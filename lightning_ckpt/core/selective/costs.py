@@ -67,12 +67,12 @@ class OptionTimes:
     Attributes:
         options: keep, the selective candidates and full checkpoint (:func:`option_times`).
         forward_seconds: the block's measured forward.
-        sac_overhead_seconds: eager SAC's measured cost per call.
+        sac_overhead_seconds: eager SAC's measured cost per call (None: not measured apart).
     """
 
     options: tuple[BlockOption, ...]
     forward_seconds: float
-    sac_overhead_seconds: float
+    sac_overhead_seconds: float | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +87,7 @@ class OptionCost:
         recompute_share: its backward's extra time as a fraction of the block's forward, SAC's own cost
             included (0 for keep, 1 for full checkpoint; a selective option may cost more than 1).
         overhead_seconds: eager SAC's own cost per call measured apart, reported (0 for keep and full
-            checkpoint; already in ``recompute_share``).
+            checkpoint; already in ``recompute_share``; None when not measured apart).
         recompute_flops: FLOPs recomputed in backward.
         policy: the selective policy (None for keep and full checkpoint).
         forward_extra_bytes: how much higher its forward peaks than a fully checkpointed forward's
@@ -103,7 +103,7 @@ class OptionCost:
     held_bytes: int
     transient_bytes: int
     recompute_share: float
-    overhead_seconds: float
+    overhead_seconds: float | None
     recompute_flops: int
     policy: SelectivePolicy | None = None
     forward_extra_bytes: int = 0

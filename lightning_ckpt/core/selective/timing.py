@@ -42,7 +42,7 @@ from typing import Any
 import torch.nn as nn
 
 from lightning_ckpt.core.selective.costs import OptionTimes, option_times
-from lightning_ckpt.core.selective.measure import interleaved_seconds, option_step
+from lightning_ckpt.core.selective.measure import interleaved_seconds, option_step, sac_overhead_seconds
 from lightning_ckpt.core.selective.options import BlockOpProfile, BlockOption
 
 __all__ = ["timed_option_times"]
@@ -61,7 +61,8 @@ def timed_option_times(
     times its extra over keep as a fraction of the full checkpoint's, both timed on ``block(*args)``.
 
     Where the full checkpoint's fastest round was no slower than keep's (nothing to scale by), the op
-    record's prices are kept.
+    record's prices are kept, eager SAC's overhead in them (measured here when ``profile`` was made
+    without it: ``profile_block(..., sac_overhead=False)``, as the callback makes it).
 
     Raises:
         ValueError: if ``repeats`` is not an integer of at least 2 (a quartile needs two rounds).
@@ -72,6 +73,11 @@ def timed_option_times(
     runs = {option.name: option_step(block, args, option) for option in times.options}
     seconds = interleaved_seconds(runs, repeats, clock)
     keep, full = (min(seconds[name]) for name in ("keep", "checkpoint"))
+    if full <= keep and profile.sac_overhead_seconds is None:
+        overhead = sac_overhead_seconds(block, *args, repeats=repeats, clock=clock)
+        return option_times(
+            dataclasses.replace(profile, sac_overhead_seconds=overhead), max_prefixes=max_prefixes
+        )
     if full <= keep:
         return times
     priced = tuple(_priced(o, seconds, keep, full - keep, profile.forward_seconds) for o in times.options)
