@@ -36,7 +36,7 @@ from lightning_ckpt.lightning.plan_book import (
     run_setting,
     saved_plan_problem,
 )
-from lightning_ckpt.lightning.profile import FamilyProfileError, profile_in_fit
+from lightning_ckpt.lightning.profile import FamilyProfileError, profile_in_fit, profiles_collectively
 from lightning_ckpt.lightning.ranks import any_rank, log_metrics, max_over_ranks
 from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, family_top
 from lightning_ckpt.planning import BudgetTooSmallError
@@ -260,12 +260,13 @@ class AutoCheckpoint(Callback):
         profile_at = functools.partial(self._profile, trainer, pl_module, batch, batch_idx)
         target = key if key is not None else family_top(shapes, self._book.plans)
         target = shapes if target in self._book.refused else target
-        # a rank whose plan holds while another rank needs one plans from the profile it has
+        # a rank whose plan holds reuses its profile, unless profiles run collectives (FSDP, FSDP2)
+        together = profiles_collectively(trainer)
         reuse = key is not None and key not in self._book.unchecked and target in self._book.profiles
-        profile = self._book.profiles[target] if reuse else profile_at(target)
+        profile = self._book.profiles[target] if reuse and not together else profile_at(target)
         (failed,) = any_rank(trainer, profile is None)  # the step does not run at the top shapes
-        if failed and target != shapes:
-            self._book.refused.add(target)
+        if failed and (target != shapes or together):
+            self._book.refused |= {target} - {shapes}
             target, profile = shapes, profile_at(shapes)
         saved = self._book.plans.get(target) if target in self._book.unchecked else None
         problem = None if saved is None else saved_plan_problem(saved, profile, self.budget_bytes)
@@ -310,8 +311,8 @@ class AutoCheckpoint(Callback):
             if not retry:
                 raise
             rank_zero_info(f"AutoCheckpoint: {_text(target)} does not fit; planning {_text(shapes)} alone")
-            if target != shapes:
-                self._book.refused.add(target)
+            if target != shapes or profiles_collectively(trainer):
+                self._book.refused |= {target} - {shapes}
                 target, profile = shapes, profile_at(shapes)
             measure_options(target)  # on several devices a collective: every rank takes part
             plan = self._options.decide(trainer, profile, target)

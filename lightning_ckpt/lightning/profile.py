@@ -58,7 +58,7 @@ from lightning_ckpt.lightning.step import (
     untouched_training_state,
 )
 
-__all__ = ["BatchShapes", "FamilyProfileError", "batch_shapes", "profile_in_fit"]
+__all__ = ["BatchShapes", "FamilyProfileError", "batch_shapes", "profile_in_fit", "profiles_collectively"]
 
 
 class FamilyProfileError(RuntimeError):
@@ -212,6 +212,13 @@ def _with_strategy_memory(profile: StepProfile, trainer: pl.Trainer) -> StepProf
     sizes = ModelSizes(single.param_bytes, single.grad_bytes, single.optimizer_bytes, single.buffer_bytes)
     static = strategy_static("ddp", sizes, gradient_as_bucket_view=bool(model.gradient_as_bucket_view))
     return dataclasses.replace(profile, static=static)
+
+
+def profiles_collectively(trainer: pl.Trainer) -> bool:
+    """Whether a profile runs collectives, so that every rank must profile at the same step or none may:
+    FSDP and FSDP2 on several devices (their twins shard on the live mesh, their timing forwards gather
+    the live parameters). Elsewhere a rank profiles on its own."""
+    return trainer.world_size > 1 and (is_fsdp2(trainer.lightning_module) or _is_fsdp(trainer))
 
 
 def _is_fsdp(trainer: pl.Trainer) -> bool:

@@ -1,0 +1,122 @@
+"""Run by tests/test_fsdp2_padding.py: AutoCheckpoint under FSDP2 on 2 CPU processes (gloo) with dynamic
+padding: every step each rank gets a batch of a new length of its own (``LENGTHS``), as a padding
+collator makes them.
+
+Usage:
+    python tests/fsdp2_padding_script.py OUT_DIR
+
+In one launch, on each rank:
+
+1. ``probe``: one step at the longest batch with an unlimited budget, for its least and unchecked peaks;
+   the budget is halfway between them (the larger over ranks: one budget for both);
+2. ``capped``: the steps inside ``memory_cap(budget)`` per rank with ``budget_gb`` equal to the cap;
+3. ``plain``: the same steps without the callback (and no cap).
+
+Each writes ``{name}_facts{r}.json``: the losses and all-gathers per step, the cap's peak, the blocks
+checkpointed at each step, the batch shapes of every plan made and the lightning_ckpt warnings. A rank
+that runs out of memory writes ``capped_oom{r}.txt``. Dropout is off: the runs can equal each other.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.utils.data import DataLoader
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from callback_helpers import TINY_GPT, fast_trainer, next_token_pairs  # noqa: E402
+from fsdp2_script import ShardedGPT, StepRecorder  # noqa: E402
+
+from lightning_ckpt import AutoCheckpoint  # noqa: E402
+from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
+from lightning_ckpt.testing import memory_cap  # noqa: E402
+
+WORLD, BATCH = 2, 4
+LENGTHS = ((20, 9, 30, 13, 32, 17), (11, 27, 16, 31, 8, 24))  # rank r's padded length at each step
+LONGEST = max(max(lengths) for lengths in LENGTHS)
+
+
+class Checkpointed(L.Callback):
+    """The blocks checkpointed in each step (after the callback's own batch start has applied its plan)."""
+
+    def __init__(self, callback: AutoCheckpoint) -> None:
+        self.callback = callback
+        self.steps: list[list[str]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.steps.append(list(self.callback.plan.checkpointed))
+
+
+def loader(lengths: tuple[int, ...], seed: int) -> DataLoader:
+    """One (BATCH, length) batch of next-token pairs per length, in order."""
+    batches = [next_token_pairs(BATCH, n, seed=seed + i) for i, n in enumerate(lengths)]
+    return DataLoader(batches, batch_size=None, shuffle=False)
+
+
+def trainer_for(callbacks: list, steps: int) -> L.Trainer:
+    strategy = ModelParallelStrategy(
+        data_parallel_size=WORLD, tensor_parallel_size=1, timeout=timedelta(seconds=180)
+    )
+    return fast_trainer(
+        callbacks, max_steps=steps, devices=WORLD, strategy=strategy, use_distributed_sampler=False
+    )
+
+
+def model() -> ShardedGPT:
+    torch.manual_seed(0)
+    return ShardedGPT(**(TINY_GPT | {"dropout": 0.0, "block_size": LONGEST}))
+
+
+def probe_budget() -> int:
+    """Halfway between the least and the unchecked peak at the longest batch, the larger over ranks."""
+    callback = AutoCheckpoint(budget_gb=1000, measure=False)
+    L.seed_everything(0, verbose=False)
+    trainer = trainer_for([callback], 1)
+    trainer.fit(model(), train_dataloaders=loader((LONGEST,), seed=100 + trainer.global_rank))
+    least, unchecked = fixed_peak_bytes(callback.profile), predict_peak_bytes(callback.profile, [])
+    budget = torch.tensor([(least + unchecked) // 2])
+    torch.distributed.all_reduce(budget, op=torch.distributed.ReduceOp.MAX)
+    return int(budget.item())
+
+
+def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
+    recorder, rank_model = StepRecorder(), model()
+    cap = memory_cap(budget_bytes or 10**12, model=rank_model)
+    callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9)
+    checkpointed = Checkpointed(callback)
+    callbacks = [callback, checkpointed, recorder] if callback else [recorder]
+    L.seed_everything(0, verbose=False)
+    trainer = trainer_for(callbacks, len(LENGTHS[0]))
+    rank = trainer.global_rank
+    data = loader(LENGTHS[rank], seed=10 * rank)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with cap:
+                trainer.fit(rank_model, train_dataloaders=data)
+        except torch.OutOfMemoryError as error:
+            (out_dir / f"{name}_oom{rank}.txt").write_text(f"step {trainer.global_step}: {error}")
+            raise
+    facts = {"losses": recorder.losses, "gathers": recorder.gathers, "cap_peak": cap.peak_bytes}
+    if callback is not None:
+        facts |= {
+            "budget": budget_bytes,
+            "checkpointed": checkpointed.steps,
+            "plans": [[list(shape) for shape, _ in shapes] for shapes in callback.plans],
+            "warnings": [str(w.message) for w in caught if "lightning_ckpt" in w.filename],
+        }
+    (out_dir / f"{name}_facts{rank}.json").write_text(json.dumps(facts))
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    budget = probe_budget()
+    fit(out, "capped", budget)
+    fit(out, "plain", None)

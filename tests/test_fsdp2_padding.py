@@ -1,0 +1,37 @@
+"""Dynamic padding under FSDP2 (``ModelParallelStrategy``, 2 CPU processes, gloo): every step each rank
+gets a batch of a new length of its own (tests/fsdp2_padding_script.py).
+
+A profile under FSDP2 runs collectives (the twin shards on the live mesh, the timing forwards gather the
+live parameters), so when one rank meets a new family of shapes every rank profiles, including one whose
+own batch a plan already covers. Before, that rank reused its profile while the other gathered, and the
+run hung until gloo's timeout. Each rank trains inside ``memory_cap(budget)`` over every step, with the
+losses and all-gathers of the same FSDP2 run without the callback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from test_fsdp2 import _read, _run, _tail, needs_distributed  # noqa: E402
+
+STEPS = 6
+
+
+@needs_distributed
+def test_fsdp2_with_a_new_length_every_step_trains_within_the_budget_as_fsdp2_without_it(tmp_path):
+    result = _run(TESTS / "fsdp2_padding_script.py", tmp_path, timeout=300)
+    assert result.returncode == 0 and not list(tmp_path.glob("*oom*")), _tail(result)
+    for rank in (0, 1):
+        capped, plain = (_read(tmp_path, f"{run}_facts{rank}.json") for run in ("capped", "plain"))
+        assert capped["warnings"] == [] and len(capped["losses"]) == STEPS
+        assert plain["cap_peak"] > capped["budget"] >= capped["cap_peak"], (
+            "the budget binds; every step within"
+        )
+        assert capped["losses"] == plain["losses"], "the same steps as without the callback"
+        assert capped["gathers"] == plain["gathers"], "no all-gather that the run without it does not make"
+        assert 2 <= len(capped["plans"]) <= 5, "one plan per family of shapes, not one per length"
+        assert [32, 32] in [[shape[1] for shape in plan] for plan in capped["plans"]], "a family's top"
+        assert any(capped["checkpointed"]) and not all(capped["checkpointed"]), capped["checkpointed"]
