@@ -270,8 +270,8 @@ class AutoCheckpoint(Callback):
             target, profile = shapes, profile_at(shapes)
         saved = self._book.plans.get(target) if target in self._book.unchecked else None
         problem = None if saved is None else saved_plan_problem(saved, profile, self.budget_bytes)
-        if saved is not None and saved.selective and problem is None:  # sized again, not timed
-            problem, saved = self._options.check_saved(trainer, pl_module, batch, batch_idx, saved, profile)
+        options_check = (trainer, pl_module, batch, batch_idx, saved, profile, problem)  # on every rank
+        problem, saved = self._options.check_saved(*options_check)  # op level: sized again, not timed
         (replan,) = any_rank(trainer, saved is None or problem is not None)
         if replan:
             if problem is not None:

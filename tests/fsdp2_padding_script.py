@@ -3,7 +3,9 @@ padding: every step each rank gets a batch of a new length of its own (``LENGTHS
 collator makes them.
 
 Usage:
-    python tests/fsdp2_padding_script.py OUT_DIR
+    python tests/fsdp2_padding_script.py OUT_DIR [op]
+
+``op``: the callback at ``granularity="op"``, priced in FLOPs (selective options get chosen).
 
 In one launch, on each rank:
 
@@ -74,9 +76,13 @@ def model() -> ShardedGPT:
     return ShardedGPT(**(TINY_GPT | {"dropout": 0.0, "block_size": LONGEST}))
 
 
+OPTIONS: dict = {}
+"""AutoCheckpoint's settings besides the budget (``op``: op level, priced in FLOPs)."""
+
+
 def probe_budget() -> int:
     """Halfway between the least and the unchecked peak at the longest batch, the larger over ranks."""
-    callback = AutoCheckpoint(budget_gb=1000, measure=False)
+    callback = AutoCheckpoint(budget_gb=1000, measure=False, **OPTIONS)
     L.seed_everything(0, verbose=False)
     trainer = trainer_for([callback], 1)
     trainer.fit(model(), train_dataloaders=loader((LONGEST,), seed=100 + trainer.global_rank))
@@ -89,7 +95,7 @@ def probe_budget() -> int:
 def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
     recorder, rank_model = StepRecorder(), model()
     cap = memory_cap(budget_bytes or 10**12, model=rank_model)
-    callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9)
+    callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9, **OPTIONS)
     checkpointed = Checkpointed(callback)
     callbacks = [callback, checkpointed, recorder] if callback else [recorder]
     L.seed_everything(0, verbose=False)
@@ -117,6 +123,7 @@ def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])
+    OPTIONS |= {"granularity": "op", "cost": "flops"} if sys.argv[2:] == ["op"] else {}
     budget = probe_budget()
     fit(out, "capped", budget)
     fit(out, "plain", None)

@@ -84,3 +84,35 @@ def test_a_re_plan_after_a_resume_weighs_measured_options_not_only_keep_and_chec
     replanned = second.plan
     assert replanned.replanned and replanned.selective, replanned
     assert replanned.predicted_peak_bytes <= budget - 10_000
+
+
+def test_under_fsdp2_a_saved_plan_is_checked_on_every_rank_or_on_none(monkeypatch):
+    """The op-level check of a saved plan runs the live model (FSDP2: all-gathers), so a rank whose plan
+    could be checked plans anew when another rank cannot check its own, instead of gathering alone."""
+    import types
+
+    from lightning_ckpt.config import AutoCheckpointConfig
+    from lightning_ckpt.lightning import granularity
+
+    calls, flags = [], []
+    monkeypatch.setattr(granularity, "profiles_collectively", lambda trainer: trainer.sharded)
+    monkeypatch.setattr(granularity, "any_rank", lambda trainer, flag: flags.append(flag) or (trainer.other,))
+    monkeypatch.setattr(granularity, "saved_options_in_fit", lambda *a: calls.append(a) or ({}, "checked"))
+    book = granularity.OptionBook(AutoCheckpointConfig(budget_gb=1.0, granularity="op"))
+    selective = types.SimpleNamespace(selective=True)
+    for sharded, other, plan, problem, expected in (
+        (
+            True,
+            True,
+            selective,
+            None,
+            "another rank plans anew (under FSDP2 and FSDP every rank checks together)",
+        ),
+        (True, False, selective, None, "checked"),  # every rank can check: it runs here
+        (True, True, None, None, None),  # nothing to check here: its flag tells the others
+        (True, True, selective, "over", "over"),  # the block-level check refused it already
+        (False, False, selective, None, "checked"),  # DDP, one device: each rank on its own
+    ):
+        trainer = types.SimpleNamespace(sharded=sharded, other=other)
+        assert book.check_saved(trainer, None, None, 0, plan, None, problem) == (expected, plan)
+    assert len(calls) == 2 and flags == [False, False, True, True, False]

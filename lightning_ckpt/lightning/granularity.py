@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.op_options import options_in_fit, saved_options_in_fit
+from lightning_ckpt.lightning.profile import profiles_collectively
 from lightning_ckpt.lightning.ranks import (
     any_rank,
     broadcast_plan,
@@ -166,11 +167,27 @@ class OptionBook:
         return decide_at_granularity(trainer, profile, self.config, shapes, options, budget_bytes)
 
     def check_saved(
-        self, trainer, pl_module, batch, batch_idx: int, plan: CheckpointPlan, profile: StepProfile
-    ) -> tuple[str | None, CheckpointPlan]:
-        """A saved selective ``plan`` (a resume) against a fresh ``profile`` of the batch: why it must not
-        be applied (its saved op calls no longer match the model, or its predicted peak is over the
-        budget), or ``None`` and the plan with its fresh prediction, its peak not measured yet."""
+        self,
+        trainer,
+        pl_module,
+        batch,
+        batch_idx: int,
+        plan: CheckpointPlan | None,
+        profile: StepProfile,
+        problem: str | None,
+    ) -> tuple[str | None, CheckpointPlan | None]:
+        """A saved selective ``plan`` (a resume) that passed the block-level check (``problem`` None)
+        against a fresh ``profile`` of the batch: why it must not be applied (its saved op calls no longer
+        match the model, or its predicted peak is over the budget), or ``None`` and the plan with its
+        fresh prediction, its peak not measured yet. Anything else comes back as it is. Called on every
+        rank: under FSDP2 and FSDP the check runs the live model (collectives), so it runs on every rank
+        or on none, and where some rank cannot check its plan the others plan anew too."""
+        checkable = plan is not None and plan.selective and problem is None
+        (elsewhere,) = any_rank(trainer, profiles_collectively(trainer) and not checkable)
+        if not checkable:
+            return problem, plan
+        if elsewhere:
+            return "another rank plans anew (under FSDP2 and FSDP every rank checks together)", plan
         measured, problem = saved_options_in_fit(trainer, pl_module, batch, batch_idx, plan)
         if problem:
             return problem, plan

@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from lightning_ckpt._compat import tree_flatten, tree_leaves, tree_map_only, tree_unflatten
 from lightning_ckpt.core.fake_tensors import fake_model
+from lightning_ckpt.core.fsdp2 import iteration_state_reset
 from lightning_ckpt.core.names import resolve_modules
 from lightning_ckpt.core.selective.costs import OptionCost, OptionTimes, option_costs
 from lightning_ckpt.core.selective.measure import device_clock
@@ -80,7 +81,7 @@ def caught_inputs(
     modules: dict[str, nn.Module],
 ) -> tuple[dict[str, tuple], dict[tuple, tuple[str, tuple, dict]]]:
     """Each candidate's (``modules``: name -> module) signature, and one candidate per signature with its
-    (detached) inputs."""
+    (detached) inputs, caught in a no-grad forward that leaves FSDP2's per-iteration state as it was."""
     signatures: dict[str, tuple] = {}
     first: dict[tuple, tuple[str, tuple, dict]] = {}
 
@@ -99,7 +100,7 @@ def caught_inputs(
         for name, module in modules.items()
     ]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), iteration_state_reset(pl_module):  # FSDP2: the root resharded after it
             training_loss_fn(trainer, pl_module, batch, batch_idx)()
     finally:
         for handle in handles:
