@@ -3,9 +3,11 @@ padding: every step each rank gets a batch of a new length of its own (``LENGTHS
 collator makes them.
 
 Usage:
-    python tests/fsdp2_padding_script.py OUT_DIR [op]
+    python tests/fsdp2_padding_script.py OUT_DIR [op | tight]
 
-``op``: the callback at ``granularity="op"``, priced in FLOPs (selective options get chosen).
+``op``: the callback at ``granularity="op"``, priced in FLOPs (selective options get chosen). ``tight``:
+lengths up to 31 (``TIGHT``) and a budget between the least peaks at 31 and at 32 tokens, so that the
+family top (4, 32) does not fit and each rank plans its own shapes instead.
 
 In one launch, on each rank:
 
@@ -42,6 +44,7 @@ from lightning_ckpt.testing import memory_cap  # noqa: E402
 
 WORLD, BATCH = 2, 4
 LENGTHS = ((20, 9, 30, 13, 32, 17), (11, 27, 16, 31, 8, 24))  # rank r's padded length at each step
+TIGHT = ((20, 9, 30, 13, 31, 17), (11, 27, 16, 31, 8, 24))
 LONGEST = max(max(lengths) for lengths in LENGTHS)
 
 
@@ -80,28 +83,35 @@ OPTIONS: dict = {}
 """AutoCheckpoint's settings besides the budget (``op``: op level, priced in FLOPs)."""
 
 
-def probe_budget() -> int:
-    """Halfway between the least and the unchecked peak at the longest batch, the larger over ranks."""
+def bounds(length: int) -> tuple[int, int]:
+    """The least and the unchecked peak at (BATCH, length), the larger of each over ranks."""
     callback = AutoCheckpoint(budget_gb=1000, measure=False, **OPTIONS)
     L.seed_everything(0, verbose=False)
     trainer = trainer_for([callback], 1)
-    trainer.fit(model(), train_dataloaders=loader((LONGEST,), seed=100 + trainer.global_rank))
-    least, unchecked = fixed_peak_bytes(callback.profile), predict_peak_bytes(callback.profile, [])
-    budget = torch.tensor([(least + unchecked) // 2])
-    torch.distributed.all_reduce(budget, op=torch.distributed.ReduceOp.MAX)
-    return int(budget.item())
+    trainer.fit(model(), train_dataloaders=loader((length,), seed=100 + trainer.global_rank))
+    peaks = torch.tensor([fixed_peak_bytes(callback.profile), predict_peak_bytes(callback.profile, [])])
+    torch.distributed.all_reduce(peaks, op=torch.distributed.ReduceOp.MAX)
+    return int(peaks[0]), int(peaks[1])
 
 
-def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
+def probe_budget(tight: bool) -> int:
+    """Halfway between the least and the unchecked peak at the longest batch; ``tight``: halfway between
+    the least peaks at 31 and at 32 tokens."""
+    if tight:
+        return (bounds(LONGEST - 1)[0] + bounds(LONGEST)[0]) // 2
+    return sum(bounds(LONGEST)) // 2
+
+
+def fit(out_dir: Path, name: str, budget_bytes: int | None, lengths: tuple = LENGTHS) -> None:
     recorder, rank_model = StepRecorder(), model()
     cap = memory_cap(budget_bytes or 10**12, model=rank_model)
     callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9, **OPTIONS)
     checkpointed = Checkpointed(callback)
     callbacks = [callback, checkpointed, recorder] if callback else [recorder]
     L.seed_everything(0, verbose=False)
-    trainer = trainer_for(callbacks, len(LENGTHS[0]))
+    trainer = trainer_for(callbacks, len(lengths[0]))
     rank = trainer.global_rank
-    data = loader(LENGTHS[rank], seed=10 * rank)
+    data = loader(lengths[rank], seed=10 * rank)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -122,8 +132,9 @@ def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1])
-    OPTIONS |= {"granularity": "op", "cost": "flops"} if sys.argv[2:] == ["op"] else {}
-    budget = probe_budget()
-    fit(out, "capped", budget)
-    fit(out, "plain", None)
+    out, mode = Path(sys.argv[1]), (sys.argv[2:] or ["block"])[0]
+    OPTIONS |= {"granularity": "op", "cost": "flops"} if mode == "op" else {}
+    lengths = TIGHT if mode == "tight" else LENGTHS
+    budget = probe_budget(tight=mode == "tight")
+    fit(out, "capped", budget, lengths)
+    fit(out, "plain", None, lengths)

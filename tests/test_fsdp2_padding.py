@@ -5,7 +5,8 @@ A profile under FSDP2 runs collectives (the twin shards on the live mesh, the ti
 live parameters), so when one rank meets a new family of shapes every rank profiles, including one whose
 own batch a plan already covers. Before, that rank reused its profile while the other gathered, and the
 run hung until gloo's timeout. Each rank trains inside ``memory_cap(budget)`` over every step, with the
-losses and all-gathers of the same FSDP2 run without the callback; at op level too, where the no-grad
+losses and all-gathers of the same FSDP2 run without the callback; with a budget that the family's top
+does not fit (each rank plans its own shapes); at op level too, where the no-grad
 forward that catches the blocks' inputs used to leave the root gathered (one all-gather fewer in each
 planning step: planning left a trace on training).
 """
@@ -25,11 +26,10 @@ STEPS = 6
 
 
 @needs_distributed
-@pytest.mark.parametrize("granularity", ["block", "op"])
-def test_fsdp2_with_a_new_length_every_step_trains_within_the_budget_as_fsdp2_without_it(
-    tmp_path, granularity
-):
-    result = _run(TESTS / "fsdp2_padding_script.py", tmp_path, *["op"] * (granularity == "op"), timeout=300)
+@pytest.mark.parametrize("mode", ["block", "op", "tight"])
+def test_fsdp2_with_a_new_length_every_step_trains_within_the_budget_as_fsdp2_without_it(tmp_path, mode):
+    """``tight``: the family top (4, 32) does not fit, so every rank plans its own shapes instead."""
+    result = _run(TESTS / "fsdp2_padding_script.py", tmp_path, mode, timeout=300)
     assert result.returncode == 0 and not list(tmp_path.glob("*oom*")), _tail(result)
     for rank in (0, 1):
         capped, plain = (_read(tmp_path, f"{run}_facts{rank}.json") for run in ("capped", "plain"))
@@ -40,5 +40,9 @@ def test_fsdp2_with_a_new_length_every_step_trains_within_the_budget_as_fsdp2_wi
         assert capped["losses"] == plain["losses"], "the same steps as without the callback"
         assert capped["gathers"] == plain["gathers"], "no all-gather that the run without it does not make"
         assert 2 <= len(capped["plans"]) <= 5, "one plan per family of shapes, not one per length"
-        assert [32, 32] in [[shape[1] for shape in plan] for plan in capped["plans"]], "a family's top"
-        assert any(capped["checkpointed"]) and not all(capped["checkpointed"]), capped["checkpointed"]
+        lengths = [plan[0][1] for plan in capped["plans"]]
+        if mode == "tight":
+            assert 32 not in lengths and 31 in lengths, "the top refused: the batch's own shapes planned"
+        else:
+            assert 32 in lengths, "a family's top planned"
+            assert any(capped["checkpointed"]) and not all(capped["checkpointed"]), capped["checkpointed"]
