@@ -181,7 +181,7 @@ class AutoCheckpoint(Callback):
             f" {plan.predicted_peak_bytes / BYTES_PER_GB:.4f} GB, budget {self.budget_gb:g} GB"
         )
         log_metrics(trainer, plan)
-        if peak_bytes > self.budget_bytes and plan.replanned:
+        if peak_bytes > self.budget_bytes and any_rank(trainer, plan.replanned)[0]:  # ranks' own plans
             rank_zero_warn(
                 f"AutoCheckpoint: the measured peak is still {(peak_bytes - self.budget_bytes) / BYTES_PER_GB:.4f}"
                 " GB over the budget after the one re-plan; lower the batch size or raise `budget_gb`"
@@ -366,7 +366,7 @@ class AutoCheckpoint(Callback):
             if missing
             else self._book.profiles[shapes]
         )
-        if profile is None:  # the family's top shapes no longer run on fake tensors
+        if any_rank(trainer, profile is None)[0]:  # the top no longer runs on fake tensors (on a rank)
             rank_zero_warn(
                 "AutoCheckpoint: cannot profile again at the plan's shapes; keeping the current plan"
             )
