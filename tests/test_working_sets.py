@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -55,3 +56,47 @@ def test_a_kind_whose_first_calls_differ_is_measured_on_every_call():
     working, calls = _working([_Block(cached=True) for _ in range(4)], alike=True)
     assert calls == [1] * 4  # the first call made the shared table: its bytes differ from the second's
     assert working["0"] > working["1"] == working["2"] == working["3"]
+
+
+def test_a_transformers_layer_index_alone_does_not_tell_blocks_apart():
+    blocks = [_Block() for _ in range(5)]
+    for index, block in enumerate(blocks):
+        block.layer_idx = index  # what a transformers decoder layer holds for its KV cache
+    working, calls = _working(blocks, alike=True)
+    assert calls == [1, 1, 0, 0, 0]
+    whole, _ = _working([_Block() for _ in range(5)], alike=False)
+    assert working == whole
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_transformers_decoders_are_measured_on_two_layers_with_every_layers_bytes(name):
+    """Llama and GPT-2 from tiny configs, on fake tensors as a fit measures them: the same working sets
+    whether alike layers are skipped or not, and only two layers run."""
+    transformers = pytest.importorskip("transformers")
+    from lightning_ckpt.core.fake_tensors import fake_model
+
+    config = (
+        transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=5, num_attention_heads=4
+        )
+        if name == "llama"
+        else transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=5, n_head=4, n_positions=32)
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).train()
+    layers = model.model.layers if name == "llama" else model.transformer.h
+    ran = [0] * len(layers)
+    for i, layer in enumerate(layers):  # a skipped layer's own hooks still run; its MLP does not
+        layer.mlp.register_forward_pre_hook(lambda *_, i=i: ran.__setitem__(i, ran[i] + 1))
+    modules = {str(i): layer for i, layer in enumerate(layers)}
+    with fake_model(model) as fake:
+        ids = fake.fake(torch.randint(0, 64, (2, 16)))
+
+        def step():
+            return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+        skipped = forward_working_sets(modules, step, alike=True)
+        runs, ran[:] = list(ran), [0] * len(layers)
+        whole = forward_working_sets(modules, step, alike=False)
+    assert skipped == whole and min(whole.values()) > 0
+    assert runs == [1, 1, 0, 0, 0] and ran == [1] * 5, runs

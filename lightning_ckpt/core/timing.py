@@ -127,7 +127,8 @@ class _Kinds:
 def block_kind(module: nn.Module, *, attributes: bool = False) -> Hashable:
     """What makes two blocks alike before their inputs: class, training flag, the submodules' names and
     classes, and the parameters' and buffers' names, shapes, dtypes, devices and ``requires_grad``; with
-    ``attributes``, also every submodule's public plain attributes (numbers, strings, a layer index).
+    ``attributes``, also every submodule's public plain attributes (numbers, strings) but a
+    transformers layer's ``layer_idx``, which only names its slot in a KV cache (off while training).
 
     Example:
         >>> block_kind(nn.Linear(4, 4)) == block_kind(nn.Linear(4, 4)) != block_kind(nn.Linear(4, 5))
@@ -145,8 +146,16 @@ def _plain_attributes(module: nn.Module) -> Hashable:
     return tuple(
         (key, value)
         for key, value in sorted(vars(module).items())
-        if not key.startswith("_") and (value is None or isinstance(value, (bool, int, float, str)))
+        if not key.startswith("_")
+        and key not in _INDEX_ATTRIBUTES
+        and (value is None or isinstance(value, (bool, int, float, str)))
     )
+
+
+_INDEX_ATTRIBUTES = frozenset({"layer_idx"})
+"""What transformers layers differ by alone: the layer's index, read by the KV cache. A layer whose
+memory does depend on it differs in another attribute too (``attention_type``, ``sliding_window``, an
+MLP class), or its first two calls hold different bytes, and then every call is measured."""
 
 
 def inputs_kind(args: tuple, kwargs: dict) -> Hashable:

@@ -1,7 +1,7 @@
 """What each candidate's forward holds while it runs under ``torch.no_grad()``: a checkpointed block's.
 
 Measured on one no-grad forward of the step (fake tensors in a fit: nothing allocated). Blocks alike,
-their plain attributes included (a decoder's layers when no layer index tells them apart, see
+their plain attributes included but a transformers layer's ``layer_idx`` (a decoder's layers, see
 :func:`~lightning_ckpt.core.timing.block_kind`), hold the same: once a kind's first two calls have
 measured the same bytes, its later calls do not run and are given those bytes (they return the kind's
 last output, which has their shapes). A kind whose two calls differ has every call measured, and a
