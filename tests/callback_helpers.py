@@ -8,6 +8,8 @@ attention would be.
 
 from __future__ import annotations
 
+import warnings
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -92,3 +94,17 @@ def assert_within_two_percent(predicted: int, measured: int, what: str) -> None:
     """The prediction is within 2% of the measured peak, in both directions."""
     text = f"{what}: predicted {predicted} B, measured {measured} B ({predicted / measured - 1:+.2%})"
     assert abs(predicted - measured) <= 0.02 * measured, text
+
+
+def fit_in_cap(trainer: L.Trainer, model: L.LightningModule, cap, oom_file, **fit_kwargs) -> list[str]:
+    """``trainer.fit(model, **fit_kwargs)`` inside the memory ``cap``: the lightning_ckpt warnings it
+    raised. Out of memory, the step and the error go to ``oom_file`` (a ``Path``) and it raises."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with cap:
+                trainer.fit(model, **fit_kwargs)
+        except torch.OutOfMemoryError as error:
+            oom_file.write_text(f"step {trainer.global_step}: {error}")
+            raise
+    return [str(w.message) for w in caught if "lightning_ckpt" in w.filename]

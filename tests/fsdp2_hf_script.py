@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.fsdp import fully_shard
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import fast_trainer  # noqa: E402
+from callback_helpers import fast_trainer, fit_in_cap  # noqa: E402
 from real_models import padded_token_loader  # noqa: E402
 
 from examples.hf_lm import HFCausalLM  # noqa: E402
@@ -124,14 +123,8 @@ def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
     if callback is None:  # as AutoCheckpoint trains it: the unchecked prediction is compared to this run
         live.model.config.use_cache = False
     batches = loader()  # made before the cap: on a device only the batch is there
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            with memory_cap(budget_bytes or 10**12, model=live) as cap:
-                trainer.fit(live, train_dataloaders=batches)
-        except torch.OutOfMemoryError as error:
-            (out_dir / f"{name}_oom{rank}.txt").write_text(f"step {trainer.global_step}: {error}")
-            raise
+    cap = memory_cap(budget_bytes or 10**12, model=live)
+    caught = fit_in_cap(trainer, live, cap, out_dir / f"{name}_oom{rank}.txt", train_dataloaders=batches)
     facts = {"losses": losses.losses, "global_step": trainer.global_step, "cap_peak": cap.peak_bytes}
     if callback is not None:
         plan, profile = callback.plan, callback.profile
@@ -141,7 +134,7 @@ def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
             "predicted": predict_peak_bytes(profile, plan.checkpointed),
             "minimum": fixed_peak_bytes(profile),
             "unchecked": predict_peak_bytes(profile, []),
-            "warnings": [str(w.message) for w in caught if "lightning_ckpt" in w.filename],
+            "warnings": caught,
         }
     (out_dir / f"{name}_facts{rank}.json").write_text(json.dumps(facts))
     full = {key: param.full_tensor().detach() for key, param in live.named_parameters()}

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import TINY_GPT, fast_trainer, next_token_pairs  # noqa: E402
+from callback_helpers import TINY_GPT, fast_trainer, fit_in_cap, next_token_pairs  # noqa: E402
 from fsdp2_script import ShardedGPT, StepRecorder  # noqa: E402
 
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
@@ -112,21 +111,14 @@ def fit(out_dir: Path, name: str, budget_bytes: int | None, lengths: tuple = LEN
     trainer = trainer_for(callbacks, len(lengths[0]))
     rank = trainer.global_rank
     data = loader(lengths[rank], seed=10 * rank)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            with cap:
-                trainer.fit(rank_model, train_dataloaders=data)
-        except torch.OutOfMemoryError as error:
-            (out_dir / f"{name}_oom{rank}.txt").write_text(f"step {trainer.global_step}: {error}")
-            raise
+    caught = fit_in_cap(trainer, rank_model, cap, out_dir / f"{name}_oom{rank}.txt", train_dataloaders=data)
     facts = {"losses": recorder.losses, "gathers": recorder.gathers, "cap_peak": cap.peak_bytes}
     if callback is not None:
         facts |= {
             "budget": budget_bytes,
             "checkpointed": checkpointed.steps,
             "plans": [[list(shape) for shape, _ in shapes] for shapes in callback.plans],
-            "warnings": [str(w.message) for w in caught if "lightning_ckpt" in w.filename],
+            "warnings": caught,
         }
     (out_dir / f"{name}_facts{rank}.json").write_text(json.dumps(facts))
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import TINY_GPT, fast_trainer, next_token_pairs  # noqa: E402
+from callback_helpers import TINY_GPT, fast_trainer, fit_in_cap, next_token_pairs  # noqa: E402
 from fsdp2_script import ShardedGPT, StepRecorder  # noqa: E402
 
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
@@ -112,14 +111,8 @@ def fit(
     rank, live = trainer.global_rank, rank_model
     loader = rank_loader(rank)  # made before the cap: on a device only the batch is there
     facts: dict = {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            with cap:
-                trainer.fit(live, train_dataloaders=loader, ckpt_path=ckpt_path)
-        except torch.OutOfMemoryError as error:
-            (out_dir / f"{name}_oom{rank}.txt").write_text(f"step {trainer.global_step}: {error}")
-            raise
+    oom_file = out_dir / f"{name}_oom{rank}.txt"
+    caught = fit_in_cap(trainer, live, cap, oom_file, train_dataloaders=loader, ckpt_path=ckpt_path)
     facts |= {
         "losses": recorder.losses,
         "gathers": recorder.gathers,
@@ -129,7 +122,7 @@ def fit(
     }
     if callback is not None:
         facts |= callback_facts(callback)
-        facts["warnings"] = [str(w.message) for w in caught if "lightning_ckpt" in w.filename]
+        facts["warnings"] = caught
     (out_dir / f"{name}_facts{rank}.json").write_text(json.dumps(facts))
     full = {key: param.full_tensor().detach() for key, param in live.named_parameters()}
     if rank == 0:
