@@ -32,7 +32,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import tiny_gpt, token_loader  # noqa: E402
+from callback_helpers import exit_cleanly, tiny_gpt, token_loader  # noqa: E402
 
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
 from lightning_ckpt.lightning.apply_plan import current_policies  # noqa: E402
@@ -177,3 +177,4 @@ if __name__ == "__main__":
         mode = sys.argv[2]
         uneven, op = mode in ("uneven", "op-uneven"), mode in ("op", "op-uneven")
         capped(Path(sys.argv[1]), int(sys.argv[3]), uneven, mode == "mixed", op)
+    exit_cleanly()

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import tiny_gpt, token_loader  # noqa: E402
+from callback_helpers import exit_cleanly, tiny_gpt, token_loader  # noqa: E402
 
 import lightning_ckpt.callback as callback_module  # noqa: E402
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
@@ -88,3 +88,4 @@ def main(out_dir: Path, mode: str) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2])
+    exit_cleanly()

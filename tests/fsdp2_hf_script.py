@@ -32,7 +32,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.fsdp import fully_shard
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import fast_trainer, fit_in_cap  # noqa: E402
+from callback_helpers import exit_cleanly, fast_trainer, fit_in_cap  # noqa: E402
 from real_models import padded_token_loader  # noqa: E402
 
 from examples.hf_lm import HFCausalLM  # noqa: E402
@@ -149,3 +149,4 @@ if __name__ == "__main__":
     else:
         fit(out, "capped", int(sys.argv[3]))
         fit(out, "plain", None)
+    exit_cleanly()

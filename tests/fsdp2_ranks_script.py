@@ -40,7 +40,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import TINY_GPT, fast_trainer, fit_in_cap, next_token_pairs  # noqa: E402
+from callback_helpers import TINY_GPT, exit_cleanly, fast_trainer, fit_in_cap, next_token_pairs  # noqa: E402
 from fsdp2_script import ShardedGPT, StepRecorder  # noqa: E402
 
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
@@ -176,3 +176,4 @@ if __name__ == "__main__":
         run(out, int(sys.argv[3]))
     else:
         run_sharding(out, sys.argv[3], int(sys.argv[4]))
+    exit_cleanly()

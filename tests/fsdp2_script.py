@@ -49,7 +49,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from callback_helpers import TINY_GPT, fast_trainer, token_loader  # noqa: E402
+from callback_helpers import TINY_GPT, exit_cleanly, fast_trainer, token_loader  # noqa: E402
 from capped_ddp_script import PolicySpy  # noqa: E402
 from ddp_script import rank_dependent_times  # noqa: E402
 
@@ -207,3 +207,4 @@ if __name__ == "__main__":
         train(out, sharding, None)
     else:
         train(out, sharding, int(sys.argv[4]) if mode != "plain" else None, fallback=mode == "fallback")
+    exit_cleanly()
