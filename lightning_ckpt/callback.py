@@ -32,12 +32,12 @@ from lightning_ckpt.lightning.plan_book import (
     book_for_fit,
     checked_plan,
     model_signature,
-    replanned,
     run_setting,
     saved_plan_problem,
 )
 from lightning_ckpt.lightning.profile import FamilyProfileError, profile_in_fit, profiles_collectively
 from lightning_ckpt.lightning.ranks import any_rank, log_metrics, max_over_ranks
+from lightning_ckpt.lightning.replan import replan_over_budget
 from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, family_top
 from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.planning.plan import CheckpointPlan
@@ -187,7 +187,12 @@ class AutoCheckpoint(Callback):
                 " GB over the budget after the one re-plan; lower the batch size or raise `budget_gb`"
             )
         elif peak_bytes > self.budget_bytes:
-            self._replan(trainer, pl_module, batch, batch_idx, overshoot_bytes=peak_bytes - self.budget_bytes)
+            profile_at = functools.partial(self._profile, trainer, pl_module, batch, batch_idx)
+            overshoot_bytes, candidates = peak_bytes - self.budget_bytes, self._candidates(pl_module)
+            book_and_budget = (self._book, self._options, self.budget_bytes, overshoot_bytes)
+            replan_over_budget(
+                trainer, pl_module, (batch, batch_idx), *book_and_budget, profile_at, candidates
+            )
 
     @override
     def on_exception(
@@ -346,43 +351,6 @@ class AutoCheckpoint(Callback):
         names = find_candidates(pl_module, self.config.targets)
         by_torch = checkpointed_by_torch(pl_module, names)
         return [name for name in names if name not in by_torch]
-
-    def _replan(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        overshoot_bytes: int,
-    ) -> None:
-        rank_zero_warn(
-            f"AutoCheckpoint: measured peak is {overshoot_bytes / BYTES_PER_GB:.4f} GB over the budget;"
-            " re-planning once with the overshoot subtracted"
-        )
-        shapes, current = self._shapes, self.plan
-        (missing,) = any_rank(trainer, shapes not in self._book.profiles)  # profiled in another fit
-        profile = (
-            self._profile(trainer, pl_module, batch, batch_idx, shapes)
-            if missing
-            else self._book.profiles[shapes]
-        )
-        if any_rank(trainer, profile is None)[0]:  # the top no longer runs on fake tensors (on a rank)
-            rank_zero_warn(
-                "AutoCheckpoint: cannot profile again at the plan's shapes; keeping the current plan"
-            )
-            return
-        self._options.ensure(trainer, pl_module, batch, batch_idx, self._candidates(pl_module), shapes)
-        try:
-            plan = self._options.decide(trainer, profile, shapes, max(self.budget_bytes - overshoot_bytes, 0))
-        except BudgetTooSmallError as error:
-            rank_zero_warn(
-                f"AutoCheckpoint: cannot re-plan within the budget ({error}); keeping the current plan"
-            )
-            self._book.plans[shapes] = replanned(current, self.budget_bytes, current.measured_peak_bytes)
-            return
-        self._book.plans[shapes] = plan = replanned(plan, self.budget_bytes, None)
-        apply_plan(pl_module, plan)
-        rank_zero_info(f"AutoCheckpoint re-plan:\n{plan}")
 
     def _start_measuring(self, trainer: pl.Trainer) -> None:
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
