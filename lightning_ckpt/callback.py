@@ -107,6 +107,7 @@ class AutoCheckpoint(Callback):
         self._meter: track_peak_bytes | None = None
         self._setting: dict[str, Any] | None = None  # what the plans depend on besides the batch shapes
         self._steps_this_fit = 0  # the first step is lighter (no gradients, no optimizer state): not measured
+        self._rounded_first: BatchShapes | None = None  # the first batch's shapes, when planned at a rung
         self._model_settings = contextlib.ExitStack()  # undoes what `take_over_model` changed
         self._options = OptionBook(self.config)  # op level: each plan's measured options
 
@@ -154,14 +155,17 @@ class AutoCheckpoint(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         shapes = batch_shapes(batch)
-        key = self._book.key_for(shapes)  # its own shapes, or a family's top shapes that cover them
+        key = covering = self._book.key_for(shapes)  # its own shapes, or a family's top that covers them
+        exact = self._steps_this_fit == 1 and shapes == self._rounded_first  # a fixed length: plan it
         # Planning and measuring are collective: every rank does them at the same step, or none does.
         plan_now, measure = any_rank(
-            trainer, key is None or key in self._book.unchecked, self._wants_measure(trainer, key)
+            trainer, key is None or key in self._book.unchecked or exact, self._wants_measure(trainer, key)
         )
         if plan_now:
-            key = self._plan_for(trainer, pl_module, batch, batch_idx, shapes, key)
+            key = self._plan_for(trainer, pl_module, batch, batch_idx, shapes, None if exact else key, exact)
             self._shapes = None  # (re-)apply it below
+        if self._steps_this_fit == 0:  # planned anew at the length's rung, not at `shapes`
+            self._rounded_first = shapes if covering is None and key != shapes else None
         if key != self._shapes:
             self._switch_plan(trainer, pl_module, key)
         if measure:
@@ -259,11 +263,13 @@ class AutoCheckpoint(Callback):
         batch_idx: int,
         shapes: BatchShapes,
         key: BatchShapes | None,
+        exact: bool = False,
     ) -> BatchShapes:
         """Plan a batch of ``shapes`` (or check the saved plan ``key`` covering them) before its step, and
-        return the shapes the plan in force is filed under: a family's top when it fits, else the batch's."""
+        return the shapes the plan in force is filed under: a family's top when it fits, else the batch's
+        (always the batch's when ``exact``)."""
         profile_at = functools.partial(self._profile, trainer, pl_module, batch, batch_idx)
-        target = key if key is not None else family_top(shapes, self._book.plans)
+        target = shapes if exact else key if key is not None else family_top(shapes, self._book.plans)
         target = shapes if target in self._book.refused else target
         # a rank whose plan holds reuses its profile, unless profiles run collectives (FSDP, FSDP2)
         together = profiles_collectively(trainer)

@@ -84,11 +84,15 @@ def block_names(model: GPT) -> list[str]:
 
 
 def probe_profile(model: L.LightningModule, loader: DataLoader):
-    """The step profile AutoCheckpoint makes on the first batch of ``loader`` (a 1-step fit, no cap)."""
+    """The step profile AutoCheckpoint makes at the shapes of the first batch of ``loader``: a 2-step fit
+    on that batch twice, no cap (a first batch whose length is not a power of two is planned at its own
+    shapes on the second step)."""
     from lightning_ckpt import AutoCheckpoint
 
     probe = AutoCheckpoint(budget_gb=1000, measure=False)
-    fast_trainer([probe], max_steps=1).fit(model, train_dataloaders=loader)
+    batch = next(iter(loader))
+    twice = DataLoader([batch, batch], batch_size=None)
+    fast_trainer([probe], max_steps=2).fit(model, train_dataloaders=twice)
     return probe.profile
 
 

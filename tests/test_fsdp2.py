@@ -308,7 +308,8 @@ def test_four_ranks_resharded_to_two_after_forward_train_within_the_budget_as_wi
         assert rank["minimum"] <= budget_bytes
         errors = (rank["predicted"] / rank["cap_peak"] - 1, rank["unchecked"] / without["cap_peak"] - 1)
         assert max(map(abs, errors)) <= 0.02, f"rank {r}: {errors} {rank}"
-        assert rank["gathers"][1:] == without["gathers"][1:], "no extra all-gather for the recomputation"
+        # steps 0 and 1 plan (ranks 1 and 3 at the rung 32, then at their own 24 and 28): profiles gather
+        assert rank["gathers"][2:] == without["gathers"][2:], "no extra all-gather for the recomputation"
         assert all(small == 4 for _, _, small in without["gathers"]), without["gathers"]
     assert capped[0]["unchecked"] > budget_bytes, "rank 0 needs some blocks checkpointed"
     assert budget_bytes < _unsharded_minimum_bytes(dropout=0.0), "it fits because it is sharded"

@@ -1,15 +1,16 @@
 """Dynamic padding: one plan per family of shapes, every step within the budget.
 
 A batch whose shapes a plan covers (same tensors, no size larger) uses that plan; a batch nothing covers
-is planned at its family's top (each size that differs from the first planned shapes rounded up to a
-power of two), falling back to its own shapes when the top does not fit or does not run.
+is planned at its family's top (the fit's first at its sequence length rounded up to a power of two, a
+later one with each size that differs from the first planned shapes rounded up), falling back to its own
+shapes when the top does not fit or does not run. A fixed length is planned exactly on the second step.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from callback_helpers import fast_trainer, tiny_gpt
+from callback_helpers import fast_trainer, probe_profile, tiny_gpt
 from test_budget_promise import BATCH, bounds, capped_fit, exact_budget, loader, shape_key
 from torch.utils.data import DataLoader
 
@@ -67,9 +68,9 @@ def test_a_new_length_every_step_plans_a_few_families_and_every_step_fits(monkey
     callback = AutoCheckpoint(budget_gb=budget / GB)
     trainer, _ = capped_fit(budget, [callback], loader(LENGTHS), max_steps=len(LENGTHS))
     assert trainer.global_step == len(LENGTHS)
-    # the first shape exactly, then the tops 16 and 32: every later length is covered
-    assert list(callback.plans) == [shape_key(BATCH, 9), shape_key(BATCH, 16), shape_key(BATCH, 32)]
-    assert len(calls) == 3
+    # the first length at its rung 16, then the top 32: every later length is covered
+    assert list(callback.plans) == [shape_key(BATCH, 16), shape_key(BATCH, 32)]
+    assert len(calls) == 2
     for plan in callback.plans.values():
         assert plan.predicted_peak_bytes <= budget
 
@@ -82,17 +83,17 @@ def test_a_family_plan_holds_at_every_length_it_covers():
     family = callback.plans[shape_key(BATCH, 32)]
     assert family.checkpointed, "the budget is below the top's unchecked peak"
     for length in (17, 25):
-        probe = AutoCheckpoint(budget_gb=1000, measure=False)
-        fast_trainer([probe], max_steps=1).fit(tiny_gpt(), train_dataloaders=loader((length,)))
-        assert PeakModel(probe.profile).peak_bytes(family.checkpointed) <= family.predicted_peak_bytes
+        profile = probe_profile(tiny_gpt(), loader((length,)))
+        assert profile.batch_bytes == 2 * BATCH * length * 8, "the length's own profile (ids, targets)"
+        assert PeakModel(profile).peak_bytes(family.checkpointed) <= family.predicted_peak_bytes
 
 
 def test_a_top_past_the_model_positions_plans_the_batch_own_shapes_without_warning(monkeypatch, recwarn):
     calls = _counted_profiles(monkeypatch)
     callback = AutoCheckpoint(budget_gb=1000, measure=False)
     fast_trainer([callback], max_steps=3).fit(tiny_gpt(block_size=24), train_dataloaders=loader((10, 20, 18)))
-    assert list(callback.plans) == [shape_key(BATCH, 10), shape_key(BATCH, 20)], "18 is covered by 20"
-    assert calls == [shape_key(BATCH, 10), shape_key(BATCH, 32), shape_key(BATCH, 20)]
+    assert list(callback.plans) == [shape_key(BATCH, 16), shape_key(BATCH, 20)], "18 is covered by 20"
+    assert calls == [shape_key(BATCH, 16), shape_key(BATCH, 32), shape_key(BATCH, 20)]
     assert not [w for w in recwarn if "training step does not run on fake tensors" in str(w.message)]
 
 
@@ -102,7 +103,7 @@ def test_a_top_over_the_budget_plans_the_batch_own_shapes_instead_of_failing():
     callback = AutoCheckpoint(budget_gb=budget / GB)
     trainer, _ = capped_fit(budget, [callback], loader((9, 20, 19, 20)), max_steps=4)
     assert trainer.global_step == 4
-    assert list(callback.plans) == [shape_key(BATCH, 9), shape_key(BATCH, 20)]
+    assert list(callback.plans) == [shape_key(BATCH, 16), shape_key(BATCH, 20)]
 
 
 def test_a_padded_llama_with_a_new_length_every_step_stays_within_the_budget(monkeypatch):
@@ -127,7 +128,7 @@ def test_a_padded_llama_with_a_new_length_every_step_stays_within_the_budget(mon
     with memory_cap(budget, model=model):
         trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
     assert trainer.global_step == len(batches)
-    assert [shapes[0][0] for shapes in callback.plans] == [(4, 21), (4, 64)], "21 exactly, then the top 64"
+    assert [shapes[0][0] for shapes in callback.plans] == [(4, 32), (4, 64)], "21 at its rung, then 64"
     assert len(calls) == 2 and callback.plans[(((4, 64), "torch.int64"),) * 2].checkpointed
 
 
@@ -141,3 +142,28 @@ def test_lengths_16_to_256_growing_every_step_cost_at_most_five_profiles(monkeyp
     )
     assert [shapes[0][0][1] for shapes in callback.plans] == [16, 32, 64, 128, 256]
     assert len(calls) == 5
+
+
+def test_a_fixed_length_is_planned_at_its_rung_then_exactly_on_the_second_step(monkeypatch):
+    budget = bounds(20).budget("middle")
+    calls = _counted_profiles(monkeypatch)
+    callback = AutoCheckpoint(budget_gb=budget / GB)
+    trainer, _ = capped_fit(budget, [callback], loader((20,) * 4), max_steps=4)
+    assert trainer.global_step == 4
+    assert calls == [shape_key(BATCH, 32), shape_key(BATCH, 20)]
+    assert callback.plan is callback.plans[shape_key(BATCH, 20)], "the exact plan is in force"
+    family, exact = callback.plans[shape_key(BATCH, 32)], callback.plan
+    assert len(exact.checkpointed) <= len(family.checkpointed)
+    assert exact.measured_peak_bytes <= exact.predicted_peak_bytes <= budget
+
+
+def test_a_length_planned_at_its_rung_is_not_planned_again_after_another_length():
+    calls: list = []
+    callback = AutoCheckpoint(budget_gb=1000, measure=False)
+    real = callback_module.profile_in_fit
+    callback_module.profile_in_fit = lambda *a, **k: calls.append(k["pad_to"]) or real(*a, **k)
+    try:
+        fast_trainer([callback], max_steps=4).fit(tiny_gpt(), train_dataloaders=loader((20, 9, 20, 20)))
+    finally:
+        callback_module.profile_in_fit = real
+    assert calls == [shape_key(BATCH, 32)] and list(callback.plans) == [shape_key(BATCH, 32)]

@@ -4,8 +4,9 @@ Dynamic padding (each batch padded to its own longest sequence) gives a new shap
 plan made for a shape holds for every smaller one of the same structure (same tensors, ranks and
 dtypes, each size at most the planned one): activation memory only grows with the sizes. So a batch
 whose shapes some plan covers uses that plan (the one with the smallest predicted peak), and a batch
-that nothing covers is planned at the top of its family: each size that differs from the first planned
-shapes of that structure rounded up to a power of two. Lengths 16 to 256 then cost at most five plans.
+that nothing covers is planned at the top of its family: the fit's first batch at its sequence length
+rounded up to a power of two, a later one with each size that differs from the first planned shapes of
+its structure rounded up. Lengths 16 to 256 then cost at most five plans, usually one or two.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from lightning_ckpt._compat import tree_flatten, tree_leaves, tree_unflatten
 
-__all__ = ["BatchShapes", "batch_shapes", "covers", "family_top", "ladder_size", "pad_batch"]
+__all__ = ["BatchShapes", "batch_shapes", "covers", "family_top", "ladder_size", "length_rung", "pad_batch"]
 
 BatchShapes = tuple[tuple[tuple[int, ...], str], ...]
 """The shape and dtype of every tensor of a batch, in ``tree_leaves`` order: what a plan depends on."""
@@ -71,23 +72,48 @@ def covers(top: BatchShapes, shapes: BatchShapes) -> bool:
 
 def family_top(shapes: BatchShapes, planned: Iterable[BatchShapes]) -> BatchShapes:
     """The shapes to plan a new family at: ``shapes`` with each size that differs from the first of
-    ``planned`` of the same structure (the anchor) rounded up to the ladder; ``shapes`` itself when none
-    has that structure (a fixed-shape run plans its exact shapes).
+    ``planned`` of the same structure (the anchor) rounded up to the ladder; when none has that
+    structure (the fit's first batch), ``shapes`` at the rung of its sequence length (:func:`length_rung`).
 
     Example:
         >>> anchor = (((8, 133), "torch.int64"),)
         >>> family_top((((8, 200), "torch.int64"),), [anchor])
         (((8, 256), 'torch.int64'),)
         >>> family_top((((8, 200), "torch.int64"),), [])
-        (((8, 200), 'torch.int64'),)
+        (((8, 256), 'torch.int64'),)
     """
     anchor = next((p for p in planned if same_structure(p, shapes)), None)
     if anchor is None:
-        return shapes
+        return length_rung(shapes)
     return tuple(
         (tuple(n if n == a else ladder_size(n) for n, a in zip(shape, anchor_shape, strict=True)), dtype)
         for (shape, dtype), (anchor_shape, _) in zip(shapes, anchor, strict=True)
     )
+
+
+def length_rung(shapes: BatchShapes) -> BatchShapes:
+    """``shapes`` with the sequence length rounded up to the ladder: the sizes at dimension 1 of the
+    batch's 2-d integer or bool tensors (token ids, masks, labels: ``(batch, length)``), wherever they
+    appear past dimension 0 of any tensor. Shapes with no such tensor (images) stay as they are.
+
+    A fit's first plan is made there, so that dynamic padding finds its first family already planned;
+    a fixed length that is not a power of two is planned at its own shapes on the fit's second step.
+
+    Example:
+        >>> length_rung(((((8, 133), "torch.int64"), ((8, 1, 133, 133), "torch.float32"))))
+        (((8, 256), 'torch.int64'), ((8, 1, 256, 256), 'torch.float32'))
+        >>> length_rung((((8, 3, 224, 224), "torch.float32"), ((8,), "torch.int64")))
+        (((8, 3, 224, 224), 'torch.float32'), ((8,), 'torch.int64'))
+    """
+    lengths = {shape[1] for shape, dtype in shapes if len(shape) == 2 and _is_token_dtype(dtype)}
+    return tuple(
+        (tuple(n if dim == 0 or n not in lengths else ladder_size(n) for dim, n in enumerate(shape)), dtype)
+        for shape, dtype in shapes
+    )
+
+
+def _is_token_dtype(dtype: str) -> bool:
+    return dtype == "torch.bool" or (dtype.startswith(("torch.int", "torch.uint")))
 
 
 def pad_batch(batch: Any, shapes: BatchShapes) -> Any:
