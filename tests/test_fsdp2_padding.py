@@ -31,6 +31,7 @@ def test_fsdp2_with_a_new_length_every_step_trains_within_the_budget_as_fsdp2_wi
     """``tight``: the family top (4, 32) does not fit, so every rank plans its own shapes instead."""
     result = _run(TESTS / "fsdp2_padding_script.py", tmp_path, mode, timeout=300)
     assert result.returncode == 0 and not list(tmp_path.glob("*oom*")), _tail(result)
+    plans_per_rank = []
     for rank in (0, 1):
         capped, plain = (_read(tmp_path, f"{run}_facts{rank}.json") for run in ("capped", "plain"))
         assert capped["warnings"] == [] and len(capped["losses"]) == STEPS
@@ -41,8 +42,10 @@ def test_fsdp2_with_a_new_length_every_step_trains_within_the_budget_as_fsdp2_wi
         assert capped["gathers"] == plain["gathers"], "no all-gather that the run without it does not make"
         assert 1 <= len(capped["plans"]) <= 5, "one plan per family of shapes, not one per length"
         lengths = [plan[0][1] for plan in capped["plans"]]
+        plans_per_rank.append(len(lengths))
         if mode == "tight":
             assert 32 not in lengths and 31 in lengths, "the top refused: the batch's own shapes planned"
         else:
             assert 32 in lengths, "a family's top planned"
             assert any(capped["checkpointed"]), capped["checkpointed"]
+    assert max(plans_per_rank) >= 2, "a family planned mid-fit while the other rank's batch was covered"

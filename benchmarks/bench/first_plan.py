@@ -26,10 +26,11 @@ from torch.utils.data import DataLoader
 
 
 class _StepClock(L.Callback):
-    """CPU seconds from ``start`` to the end of step 0, then of each later step."""
+    """CPU seconds from ``start`` (set just before ``trainer.fit``) to the end of step 0, then of each
+    later step."""
 
-    def __init__(self, start: float) -> None:
-        self.start, self.steps = start, []
+    def __init__(self) -> None:
+        self.start, self.steps = 0.0, []
 
     def on_train_batch_start(self, *args) -> None:
         if self.steps:
@@ -41,20 +42,15 @@ class _StepClock(L.Callback):
 
 def child(with_callback: bool, steps: int) -> dict:
     """One fit in this process; its first step's and its median later step's CPU seconds."""
-    from benchmarks.bench.shapes import padded_batches
-    from examples.gpt import GPT
+    from benchmarks.bench.shapes import _trainer, main_job_gpt, padded_batches
     from lightning_ckpt import AutoCheckpoint
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     batches = padded_batches("gpt", steps, 16, (128, 128), 0)
-    model = GPT(block_size=128, n_layer=8, n_head=4, n_embd=128, dropout=0.0)
-    clock = _StepClock(time.process_time())
-    callbacks = [AutoCheckpoint(budget_gb=0.12), clock] if with_callback else [clock]
-    trainer = L.Trainer(
-        accelerator="cpu", max_steps=steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-    )  # fmt: skip
+    model = main_job_gpt()
+    clock = _StepClock()
+    trainer = _trainer([AutoCheckpoint(budget_gb=0.12), clock] if with_callback else [clock], steps)
     clock.start = time.process_time()
     trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
     return {"first_s": clock.steps[0], "median_s": statistics.median(clock.steps[1:])}

@@ -322,15 +322,20 @@ class StepSeconds(L.Callback):
         self.steps.append(time.process_time() - self._start)
 
 
+def main_job_gpt() -> L.LightningModule:
+    """The example GPT of configs/gpt-cpu.yaml (8 blocks, width 128, 128 tokens), dropout off."""
+    from examples.gpt import GPT
+
+    return GPT(block_size=128, n_layer=8, n_head=4, n_embd=128, dropout=0.0)
+
+
 def first_plan_cost(args: argparse.Namespace) -> str:
     """The example GPT of configs/gpt-cpu.yaml (8 blocks, width 128, 16 x 128 tokens, budget 0.12 GB): the
     first plan (the callback's ``on_train_batch_start`` on step 0: profile, solve, wrap) against the median
     step of a fit without the callback run right after it (CPU time)."""
-    from examples.gpt import GPT
-
     torch.manual_seed(0)
     batches = padded_batches("gpt", 10, 16, (128, 128), args.seed)
-    make = lambda: GPT(block_size=128, n_layer=8, n_head=4, n_embd=128, dropout=0.0)  # noqa: E731
+    make = main_job_gpt
     callback = AutoCheckpoint(budget_gb=0.12)
     auto_steps = StepSeconds(planning=callback)
     with timed_calls(_PARTS) as parts:
