@@ -29,6 +29,7 @@ from lightning_ckpt.lightning.checks import (
 from lightning_ckpt.lightning.granularity import OptionBook, check_granularity
 from lightning_ckpt.lightning.plan_book import (
     PlanBook,
+    agreed_key,
     book_for_fit,
     checked_plan,
     model_signature,
@@ -157,10 +158,11 @@ class AutoCheckpoint(Callback):
         shapes = batch_shapes(batch)
         key = covering = self._book.key_for(shapes)  # its own shapes, or a family's top that covers them
         exact = self._steps_this_fit == 1 and shapes == self._rounded_first  # a fixed length: plan it
-        # Planning and measuring are collective: every rank does them at the same step, or none does.
-        plan_now, measure = any_rank(
-            trainer, key is None or key in self._book.unchecked or exact, self._wants_measure(trainer, key)
-        )
+        # Planning and measuring are collective: every rank does them at the same step, or none does, and
+        # every rank runs the same plan.
+        need = key is None or key in self._book.unchecked or exact
+        plan_now, key, unmeasured = agreed_key(trainer, self._book, shapes, key, need)
+        measure = unmeasured and self._measures_now(trainer)
         if plan_now:
             key = self._plan_for(trainer, pl_module, batch, batch_idx, shapes, None if exact else key, exact)
             self._shapes = None  # (re-)apply it below
@@ -249,11 +251,9 @@ class AutoCheckpoint(Callback):
         self._shapes = self._book.current = shapes
         log_metrics(trainer, plan)
 
-    def _wants_measure(self, trainer: pl.Trainer, shapes: BatchShapes | None) -> bool:
+    def _measures_now(self, trainer: pl.Trainer) -> bool:
         """Measure a plan's first step, except the first step of a fit (no gradients or optimizer state yet)."""
-        plan = None if shapes is None else self._book.plans.get(shapes)
-        unmeasured = plan is None or plan.measured_peak_bytes is None
-        return self.config.measure and unmeasured and self._steps_this_fit > 0 and trainer.global_step > 0
+        return self.config.measure and self._steps_this_fit > 0 and trainer.global_step > 0
 
     def _plan_for(
         self,
@@ -299,7 +299,8 @@ class AutoCheckpoint(Callback):
         else:
             plan = saved if saved.selective else checked_plan(saved, profile)
             rank_zero_info(f"AutoCheckpoint: the saved plan for {_text(target)} holds on a fresh profile")
-        self._book.plans[target], self._book.profiles[target] = plan, profile
+        self._book.file(target, plan)
+        self._book.profiles[target] = profile
         self._book.unchecked.discard(target)
         return target
 

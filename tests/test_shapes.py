@@ -8,6 +8,9 @@ shapes when the top does not fit or does not run. A fixed length is planned exac
 
 from __future__ import annotations
 
+import dataclasses
+import types
+
 import pytest
 import torch
 from callback_helpers import fast_trainer, probe_profile, tiny_gpt
@@ -16,7 +19,7 @@ from torch.utils.data import DataLoader
 
 import lightning_ckpt.callback as callback_module
 from lightning_ckpt import AutoCheckpoint, CheckpointPlan
-from lightning_ckpt.lightning.plan_book import PlanBook
+from lightning_ckpt.lightning.plan_book import PlanBook, agreed_key
 from lightning_ckpt.lightning.shapes import covers, family_top, pad_batch
 from lightning_ckpt.planning.peak import PeakModel, fixed_peak_bytes, predict_peak_bytes
 from lightning_ckpt.testing import memory_cap
@@ -50,6 +53,39 @@ def test_a_batch_uses_its_own_plan_else_the_closest_family_that_covers_it():
     assert book.key_for((((8, 50), "torch.int64"),)) == keys[2]
     assert book.key_for((((8, 51), "torch.int64"),)) == keys[1], "64 is closer than 256"
     assert book.key_for((((8, 257), "torch.int64"),)) is None
+
+
+class _OtherRank:
+    """Rank 0 of two; what the other rank adds to ``any_rank``'s all-reduce is scripted."""
+
+    def __init__(self, other_flags: list[int]) -> None:
+        self.world_size, self.strategy, self.root_device, self.other = (
+            2,
+            self,
+            torch.device("cpu"),
+            other_flags,
+        )
+
+    def reduce(self, tensor, reduce_op):
+        assert reduce_op == "max"
+        return torch.maximum(tensor, torch.tensor(self.other, dtype=tensor.dtype))
+
+
+def test_ranks_run_one_round_whose_plan_covers_every_rank_batch_else_plan_together():
+    plan = CheckpointPlan((), (), (), 0, 10, 5, 0.0, "all-fit", 0.0)
+    long, short, batch = ((((8, n), "torch.int64"),) for n in (256, 64, 50))
+    book = PlanBook()
+    book.file(long, dataclasses.replace(plan, checkpointed=("a", "b")))  # round 0
+    book.file(short, dataclasses.replace(plan, checkpointed=("a",), kept=("b",), measured_peak_bytes=9))
+    # flags: [plan now, own plan unmeasured] + per round [not covering it, its plan unmeasured]
+    agree = lambda other: agreed_key(_OtherRank(other), book, batch, short, False)  # noqa: E731
+    assert agree([0, 0, 0, 0, 0, 0]) == (False, short, False), "both rounds common: the one keeping more"
+    assert agree([0, 0, 0, 0, 0, 1]) == (False, short, True), "unmeasured on the other rank: measured"
+    assert agree([0, 0, 0, 0, 1, 0]) == (False, long, True), "only round 0 covers the other rank's batch"
+    assert agree([0, 0, 1, 0, 1, 0])[0], "no round covers both batches: plan together"
+    assert agree([1, 0, 0, 0, 0, 0])[0], "the other rank has a new family"
+    alone = types.SimpleNamespace(world_size=1)
+    assert agreed_key(alone, book, batch, short, False) == (False, short, False), "one process: its own"
 
 
 def test_pad_batch_repeats_the_last_entry_and_refuses_a_smaller_target():

@@ -23,6 +23,7 @@ from lightning_ckpt.units import BYTES_PER_GB, BYTES_PER_MB
 
 __all__ = [
     "PlanBook",
+    "agreed_key",
     "book_for_fit",
     "checked_plan",
     "model_signature",
@@ -85,6 +86,28 @@ class PlanBook:
     refused: set[BatchShapes] = field(default_factory=set)
     """Family top shapes that did not fit the budget or did not run on fake tensors: the batches they
     would cover are planned at their own shapes (not saved)."""
+    rounds: dict[BatchShapes, int] = field(default_factory=dict)
+    """The planning round each plan was made in. Rounds are collective (every rank plans in each), so a
+    round's plan is the same on every rank, filed there under that rank's own family."""
+    round_count: int = 0
+
+    def file(self, shapes: BatchShapes, plan: CheckpointPlan) -> None:
+        """File ``plan``, made in a new planning round, under ``shapes``."""
+        self.plans[shapes], self.rounds[shapes] = plan, self.round_count
+        self.round_count += 1
+
+    def covering_rounds(self, shapes: BatchShapes) -> dict[int, BatchShapes]:
+        """Per planning round whose plan covers a batch of ``shapes`` here, the shapes it is filed under.
+
+        Example:
+            >>> from lightning_ckpt.planning.plan import CheckpointPlan
+            >>> book, plan = PlanBook(), CheckpointPlan((), (), (), 0, 10, 5, 0.0, "all-fit", 0.0)
+            >>> book.file((((8, 256), "torch.int64"),), plan)
+            >>> book.file((((8, 64), "torch.int64"),), plan)
+            >>> book.covering_rounds((((8, 100), "torch.int64"),))
+            {0: (((8, 256), 'torch.int64'),)}
+        """
+        return {self.rounds[top]: top for top in self.plans if covers(top, shapes)}
 
     def key_for(self, shapes: BatchShapes) -> BatchShapes | None:
         """The shapes of the plan for a batch of ``shapes``: its own, else the covering plan made for the
@@ -132,7 +155,15 @@ class PlanBook:
             raise ValueError(f"the saved `setting` must be a dict, got {type(setting).__name__}")
         # Each plan's fields were checked by `CheckpointPlan.from_dict` (planning/plan_checks.py); whether
         # it still holds for this model is the fresh-profile check before its first step.
-        return cls(plans, current=current, setting=setting, unchecked=set(plans))
+        rounds = {shapes: index for index, shapes in enumerate(plans)}  # every rank loads the same
+        return cls(
+            plans,
+            current=current,
+            setting=setting,
+            unchecked=set(plans),
+            rounds=rounds,
+            round_count=len(plans),
+        )
 
     def non_candidates(self, candidates: list[str]) -> list[str]:
         """Names in the plans that are not among ``candidates`` (a damaged or foreign plan)."""
@@ -201,3 +232,34 @@ def _shapes_from_lists(data: list[list[Any]]) -> BatchShapes:
     if not all(isinstance(n, int) and n >= 0 for shape, _ in data for n in shape):
         raise TypeError(f"batch shapes must be lists of sizes, got {data!r:.80}")
     return tuple((tuple(shape), str(dtype)) for shape, dtype in data)
+
+
+def agreed_key(
+    trainer: pl.Trainer, book: PlanBook, shapes: BatchShapes, key: BatchShapes | None, plan_now: bool
+) -> tuple[bool, BatchShapes | None, bool]:
+    """Whether to plan now (on any rank), the shapes of the plan to apply, and whether that plan is
+    unmeasured (on any rank): one small all-reduce on several processes.
+
+    On one process: ``plan_now``, ``key`` (:meth:`PlanBook.key_for`) and ``key``'s plan unmeasured. On
+    several, each rank's batch can be covered by a plan of another round than the other ranks' (dynamic
+    padding: each rank files a round's plan under its own family), so the ranks agree on one round whose
+    plan covers every rank's batch (the one that keeps the most candidates, then the latest), and plan
+    anew together where none does: every rank runs the same plan at every step.
+    """
+    if trainer.world_size == 1:
+        return plan_now, key, _unmeasured(book, key)
+    mine = book.covering_rounds(shapes)
+    flags = [plan_now, _unmeasured(book, key)]
+    for index in range(book.round_count):  # the same count on every rank: rounds are collective
+        flags += [index not in mine, index in mine and _unmeasured(book, mine[index])]
+    reduced = any_rank(trainer, *flags)
+    common = [index for index in range(book.round_count) if not reduced[2 + 2 * index]]
+    if reduced[0] or not common:
+        return True, key, reduced[1]
+    chosen = max(common, key=lambda index: (len(book.plans[mine[index]].kept), index))
+    return False, mine[chosen], reduced[3 + 2 * chosen]
+
+
+def _unmeasured(book: PlanBook, shapes: BatchShapes | None) -> bool:
+    plan = None if shapes is None else book.plans.get(shapes)
+    return plan is None or plan.measured_peak_bytes is None

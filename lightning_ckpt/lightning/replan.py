@@ -58,6 +58,6 @@ def replan_over_budget(
         )
         book.plans[shapes] = replanned(current, budget_bytes, current.measured_peak_bytes)
         return
-    book.plans[shapes] = plan = replanned(plan, budget_bytes, None)
+    book.file(shapes, plan := replanned(plan, budget_bytes, None))  # a planning round on every rank
     apply_plan(pl_module, plan)
     rank_zero_info(f"AutoCheckpoint re-plan:\n{plan}")
