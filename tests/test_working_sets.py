@@ -31,7 +31,7 @@ class _Block(nn.Module):
 
 def _working(blocks: list[_Block], alike: bool) -> tuple[dict[str, int], list[int]]:
     model = nn.Sequential(*blocks)
-    x = torch.randn(4, 8)
+    x = torch.randn(4, 8, requires_grad=True)  # as in a training forward: every block input carries grad
     working = forward_working_sets(dict(model.named_children()), lambda: model(x), alike=alike)
     return working, [block.calls for block in blocks]
 

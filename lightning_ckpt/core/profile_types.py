@@ -84,7 +84,7 @@ class BackwardPhase:
     inside one call of ``candidate`` (``time``: the call's end)."""
     if_checkpointed: bool = False
     """A checkpointed ``candidate``'s own forward (``time``: the call's start): counted only when it is
-    checkpointed, with its inputs kept and its no-grad working set as the extra."""
+    checkpointed, with its inputs kept and its working set (its forward keeping nothing) as the extra."""
     grad_bytes: int = 0
     """When gradients start from none: what the parameter gradients made so far add to the phase's peak
     (``extra_bytes + grad_bytes`` is the peak of everything beyond the saved bytes)."""

@@ -275,7 +275,7 @@ def _checkpointed_forwards(
     storages: tuple[SavedStorage, ...], recorder: Recorder, working: dict[str, int]
 ) -> tuple[BackwardPhase, ...]:
     """One phase per candidate call, counted only when the candidate is checkpointed: what is live when
-    the call starts (its inputs kept, nothing of it saved) plus its no-grad forward's working set."""
+    the call starts (its inputs kept, nothing of it saved) plus its forward's working set (keeping nothing)."""
     starts = recorder.call_starts
     saved = _saved_at_calls(storages, starts)
     return tuple(
