@@ -33,11 +33,12 @@ from lightning_ckpt.lightning.plan_book import (
     book_for_fit,
     checked_plan,
     model_signature,
+    plan_decision,
     run_setting,
     saved_plan_problem,
 )
 from lightning_ckpt.lightning.profile import FamilyProfileError, profile_in_fit, profiles_collectively
-from lightning_ckpt.lightning.ranks import any_rank, log_metrics, max_over_ranks
+from lightning_ckpt.lightning.ranks import any_rank, log_metrics, max_over_ranks, same_on_every_rank
 from lightning_ckpt.lightning.replan import replan_over_budget
 from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, family_top
 from lightning_ckpt.planning import BudgetTooSmallError
@@ -283,11 +284,17 @@ class AutoCheckpoint(Callback):
         problem = None if saved is None else saved_plan_problem(saved, profile, self.budget_bytes)
         options_check = (trainer, pl_module, batch, batch_idx, saved, profile, problem)  # on every rank
         problem, saved = self._options.check_saved(*options_check)  # op level: sized again, not timed
-        (replan,) = any_rank(trainer, saved is None or problem is not None)
+        # after a resume each rank checks the saved plan of its own batch's family: one plan for all or none
+        agreed = same_on_every_rank(trainer, plan_decision(saved))
+        (replan,) = any_rank(trainer, saved is None or problem is not None or not agreed)
         if replan:
             if problem is not None:
                 rank_zero_info(
                     f"AutoCheckpoint: the saved plan for {_text(target)} is not applied: {problem}; planning anew"
+                )
+            elif not agreed:
+                rank_zero_info(
+                    "AutoCheckpoint: the ranks' batches fall under different saved plans; planning anew on every rank"
                 )
             candidates = self._candidates(pl_module)
             measure = functools.partial(

@@ -126,3 +126,25 @@ def test_ddp_op_level_plans_are_one_plan_on_every_rank_within_a_device_of_the_bu
                     rank,
                     measured,
                 )
+
+
+RESUME_SCRIPT = Path(__file__).with_name("ddp_resume_script.py")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_a_resume_whose_ranks_fall_under_different_saved_plans_runs_one_plan(tmp_path):
+    """The checkpoint holds a plan for 16 tokens (nothing checkpointed) and one for 32 (some blocks); resumed
+    with rank 0 at 16 and rank 1 at 32, each rank's saved plan holds on its own profile. Every rank must
+    still run the same plan at every step (they ran their own: rank 0 none, rank 1 three blocks)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(RESUME_SCRIPT), str(tmp_path)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=SCRIPT.parents[1])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    facts = [json.loads((tmp_path / f"facts{rank}.json").read_text()) for rank in (0, 1)]
+    first = facts[0]["first"]["steps"]
+    assert first[0][1] == [] and first[1][1], "the setting: a plan per family, the two differ"
+    for fit in ("first", "resumed"):
+        assert facts[0][fit]["steps"] == facts[1][fit]["steps"], f"{fit}: the ranks ran different plans"
+        for rank in (0, 1):
+            assert facts[rank][fit]["cap_peak"] <= facts[rank]["budget"]
+    assert [step for step, _ in facts[0]["resumed"]["steps"]] == [2, 3, 4]

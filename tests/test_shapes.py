@@ -77,13 +77,17 @@ def test_ranks_run_one_round_whose_plan_covers_every_rank_batch_else_plan_togeth
     book = PlanBook()
     book.file(long, dataclasses.replace(plan, checkpointed=("a", "b")))  # round 0
     book.file(short, dataclasses.replace(plan, checkpointed=("a",), kept=("b",), measured_peak_bytes=9))
-    # flags: [plan now, own plan unmeasured] + per round [not covering it, its plan unmeasured]
+    # values: [plan now, own plan unmeasured] + per round [not covering it, its plan unmeasured, kept]
     agree = lambda other: agreed_key(_OtherRank(other), book, batch, short, False)  # noqa: E731
-    assert agree([0, 0, 0, 0, 0, 0]) == (False, short, False), "both rounds common: the one keeping more"
-    assert agree([0, 0, 0, 0, 0, 1]) == (False, short, True), "unmeasured on the other rank: measured"
-    assert agree([0, 0, 0, 0, 1, 0]) == (False, long, True), "only round 0 covers the other rank's batch"
-    assert agree([0, 0, 1, 0, 1, 0])[0], "no round covers both batches: plan together"
-    assert agree([1, 0, 0, 0, 0, 0])[0], "the other rank has a new family"
+    assert agree([0, 0] + [0, 0, 0] + [0, 0, 0]) == (False, short, False), "both common: the one keeping more"
+    assert agree([0, 0] + [0, 0, 0] + [0, 1, 0]) == (False, short, True), "unmeasured on the other rank"
+    assert agree([0, 0] + [0, 0, 0] + [1, 0, 0]) == (False, long, True), "only round 0 covers the other's"
+    assert agree([0, 0] + [1, 0, 0] + [1, 0, 0])[0], "no round covers both batches: plan together"
+    assert agree([1, 0] + [0, 0, 0] + [0, 0, 0])[0], "the other rank has a new family"
+    assert agree([0, 0] + [0, 0, 3] + [0, 0, 0]) == (False, long, True), "the choice is the reduced one's"
+    book.unchecked = {short}  # restored from a checkpoint, not checked on a fresh profile yet
+    assert agree([0, 0] + [0, 0, 0] + [0, 0, 0]) == (False, long, True), "an unchecked plan covers nothing"
+    book.unchecked = set()
     alone = types.SimpleNamespace(world_size=1)
     assert agreed_key(alone, book, batch, short, False) == (False, short, False), "one process: its own"
 

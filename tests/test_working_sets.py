@@ -58,6 +58,29 @@ def test_a_kind_whose_first_calls_differ_is_measured_on_every_call():
     assert working["0"] > working["1"] == working["2"] == working["3"]
 
 
+class _GradientPenalty(nn.Module):
+    """A block whose forward runs a backward inside itself (``torch.autograd.grad``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        (grad,) = torch.autograd.grad(self.linear(x).pow(2).sum(), x, create_graph=True)
+        return x + grad
+
+
+def test_a_forward_that_runs_a_backward_inside_is_refused_by_name_and_leaves_no_hooks():
+    model = nn.Sequential(_GradientPenalty(), _GradientPenalty())
+    x = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(
+        RuntimeError, match=r"runs a backward inside itself .*leave that module out of `targets`"
+    ):
+        forward_working_sets(dict(model.named_children()), lambda: model(x), alike=False)
+    model(x).sum().backward()  # the saved-tensor hooks are gone: a training step works
+    assert x.grad is not None and "forward" not in vars(model[0])
+
+
 def test_a_transformers_layer_index_alone_does_not_tell_blocks_apart():
     blocks = [_Block() for _ in range(5)]
     for index, block in enumerate(blocks):

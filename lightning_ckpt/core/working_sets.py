@@ -71,7 +71,7 @@ def _measured(modules: dict[str, nn.Module], step_fn: Callable[[], Any], skip_al
             handles.append(module.register_forward_hook(post(name), always_call=True))
             if skip_alike:
                 module.forward = _skipping(name, module, kinds, current[name])
-        with tracker, torch.autograd.graph.saved_tensors_hooks(_dropped, _dropped):
+        with tracker, torch.autograd.graph.saved_tensors_hooks(_dropped, _unpacked):
             step_fn()
     finally:
         for handle in handles:
@@ -131,5 +131,14 @@ class _Kinds:
 
 
 def _dropped(_: Any) -> None:
-    """A saved-tensor hook that keeps nothing (pack) and gives nothing back (unpack: never called)."""
+    """A saved-tensor pack hook that keeps nothing: the forward measured keeps nothing for backward."""
     return None
+
+
+def _unpacked(_: Any) -> None:
+    """The unpack hook: reached only by a backward inside the forward (``torch.autograd.grad`` in it)."""
+    raise RuntimeError(
+        "AutoCheckpoint measures each candidate's forward with nothing saved for backward; a forward that"
+        " runs a backward inside itself (torch.autograd.grad, a gradient penalty) is not supported: leave"
+        " that module out of `targets`"
+    )

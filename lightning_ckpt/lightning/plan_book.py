@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.lightning.ranks import any_rank
+from lightning_ckpt.lightning.ranks import any_rank, max_each
 from lightning_ckpt.lightning.shapes import BatchShapes, covers
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan
@@ -27,6 +27,7 @@ __all__ = [
     "book_for_fit",
     "checked_plan",
     "model_signature",
+    "plan_decision",
     "replanned",
     "run_setting",
     "saved_plan_problem",
@@ -243,21 +244,40 @@ def agreed_key(
     On one process: ``plan_now``, ``key`` (:meth:`PlanBook.key_for`) and ``key``'s plan unmeasured. On
     several, each rank's batch can be covered by a plan of another round than the other ranks' (dynamic
     padding: each rank files a round's plan under its own family), so the ranks agree on one round whose
-    plan covers every rank's batch (the one that keeps the most candidates, then the latest), and plan
-    anew together where none does: every rank runs the same plan at every step.
+    plan covers every rank's batch and has been checked on every rank (a plan restored from a checkpoint
+    counts once a fresh profile has checked it), the one that keeps the most candidates, then the latest,
+    and plan anew together where none does: every rank runs the same plan at every step. The choice is
+    taken on the reduced values alone, so every rank takes the same.
     """
     if trainer.world_size == 1:
         return plan_now, key, _unmeasured(book, key)
-    mine = book.covering_rounds(shapes)
-    flags = [plan_now, _unmeasured(book, key)]
+    mine = {index: top for index, top in book.covering_rounds(shapes).items() if top not in book.unchecked}
+    values = [plan_now, _unmeasured(book, key)]
     for index in range(book.round_count):  # the same count on every rank: rounds are collective
-        flags += [index not in mine, index in mine and _unmeasured(book, mine[index])]
-    reduced = any_rank(trainer, *flags)
-    common = [index for index in range(book.round_count) if not reduced[2 + 2 * index]]
+        top = mine.get(index)
+        kept = 0 if top is None else len(book.plans[top].kept)
+        values += [top is None, top is not None and _unmeasured(book, top), kept]
+    reduced = max_each(trainer, *values)
+    common = [index for index in range(book.round_count) if not reduced[2 + 3 * index]]
     if reduced[0] or not common:
-        return True, key, reduced[1]
-    chosen = max(common, key=lambda index: (len(book.plans[mine[index]].kept), index))
-    return False, mine[chosen], reduced[3 + 2 * chosen]
+        return True, key, bool(reduced[1])
+    chosen = max(common, key=lambda index: (reduced[4 + 3 * index], index))
+    return False, mine[chosen], bool(reduced[3 + 3 * chosen])
+
+
+def plan_decision(plan: CheckpointPlan | None) -> tuple | None:
+    """What applying ``plan`` does to the model (which candidates are checkpointed, each one's option and
+    saved op calls), without its figures: equal on two ranks when they would run the same plan.
+
+    Example:
+        >>> from lightning_ckpt.planning.plan import CheckpointPlan
+        >>> plan = CheckpointPlan(("h.1",), ("h.0",), (), 0, 10, 5, 0.0, "all-fit", 0.0)
+        >>> plan_decision(plan) == plan_decision(plan.with_measured_peak(7))
+        True
+    """
+    if plan is None:
+        return None
+    return plan.checkpointed, tuple((item.name, item.option, item.saved_ops) for item in plan.items)
 
 
 def _unmeasured(book: PlanBook, shapes: BatchShapes | None) -> bool:

@@ -17,7 +17,16 @@ from lightning_ckpt.planning import BudgetTooSmallError, make_plan
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan
 
-__all__ = ["any_rank", "broadcast_plan", "decide_plan", "heaviest_rank", "log_metrics", "max_over_ranks"]
+__all__ = [
+    "any_rank",
+    "broadcast_plan",
+    "decide_plan",
+    "heaviest_rank",
+    "log_metrics",
+    "max_each",
+    "max_over_ranks",
+    "same_on_every_rank",
+]
 
 
 def decide_plan(
@@ -108,10 +117,28 @@ def heaviest_rank(trainer: pl.Trainer, peak_bytes: int) -> int:
 
 def any_rank(trainer: pl.Trainer, *flags: bool) -> tuple[bool, ...]:
     """Each flag, true if it is true on any rank (one small all-reduce when there are several processes)."""
+    return tuple(bool(value) for value in max_each(trainer, *(bool(flag) for flag in flags)))
+
+
+def max_each(trainer: pl.Trainer, *values: int) -> tuple[int, ...]:
+    """Each integer's largest value over the ranks (one small all-reduce when there are several processes):
+    what every rank may decide on alike."""
     if trainer.world_size == 1:
-        return tuple(bool(flag) for flag in flags)
-    tensor = torch.tensor([int(bool(flag)) for flag in flags], device=trainer.strategy.root_device)
-    return tuple(bool(value) for value in trainer.strategy.reduce(tensor, reduce_op="max").tolist())
+        return tuple(int(value) for value in values)
+    tensor = torch.tensor(
+        [int(value) for value in values], dtype=torch.int64, device=trainer.strategy.root_device
+    )
+    return tuple(int(value) for value in trainer.strategy.reduce(tensor, reduce_op="max").tolist())
+
+
+def same_on_every_rank(trainer: pl.Trainer, value: object) -> bool:
+    """Whether ``value`` (plain, picklable data) equals rank 0's on every rank; every rank gets the same
+    answer (a broadcast and an all-reduce when there are several processes)."""
+    if trainer.world_size == 1:
+        return True
+    first = trainer.strategy.broadcast(value, src=0)
+    (differs,) = any_rank(trainer, first != value)
+    return not differs
 
 
 def _plan_locally(plan_fn: Callable[[], CheckpointPlan]) -> tuple[dict, Exception | None]:
