@@ -54,7 +54,7 @@ def _timed_run(modules: dict[str, nn.Module], step_fn: Callable[[], Any], alike:
 
 def _one_run(modules: dict[str, nn.Module], step_fn: Callable[[], Any], alike: bool) -> dict[str, float]:
     """Seconds of each candidate's forward(s) in one more forward of the step, without autograd."""
-    kinds = _Kinds() if alike else None
+    kinds = _TimedKinds() if alike else None
     timers: dict[str, list[_Timer]] = {name: [] for name in modules}
     saved = {name: module.__dict__.get("forward") for name, module in modules.items()}
     try:
@@ -73,7 +73,7 @@ def _one_run(modules: dict[str, nn.Module], step_fn: Callable[[], Any], alike: b
 
 
 def _timed_forward(
-    name: str, module: nn.Module, timers: list[_Timer], kinds: _Kinds | None
+    name: str, module: nn.Module, timers: list[_Timer], kinds: _TimedKinds | None
 ) -> Callable[..., Any]:
     forward = module.forward  # the bound method (or what the instance had: a wrapper's)
     cuda = any(t.is_cuda for t in (*module.parameters(), *module.buffers()))
@@ -96,7 +96,7 @@ def _timed_forward(
     return call
 
 
-class _Kinds:
+class _TimedKinds:
     """The kinds of blocks met in one timing forward: who was timed, who skipped, the last output."""
 
     def __init__(self) -> None:

@@ -45,7 +45,7 @@ def forward_working_sets(
 
 
 def _measured(modules: dict[str, nn.Module], step_fn: Callable[[], Any], skip_alike: bool) -> dict[str, int]:
-    tracker, starts, kinds = StepTracker(frozenset()), [], _Kinds()
+    tracker, starts, kinds = StepTracker(frozenset()), [], _MeasuredKinds()
     working = dict.fromkeys(modules, 0)
     current: dict[str, list[Hashable | None]] = {name: [] for name in modules}  # each running call's kind
     handles, saved = [], {name: module.__dict__.get("forward") for name, module in modules.items()}
@@ -85,7 +85,7 @@ def _measured(modules: dict[str, nn.Module], step_fn: Callable[[], Any], skip_al
 
 
 def _skipping(
-    name: str, module: nn.Module, kinds: _Kinds, current: list[Hashable | None]
+    name: str, module: nn.Module, kinds: _MeasuredKinds, current: list[Hashable | None]
 ) -> Callable[..., Any]:
     forward = module.forward
     structure = block_kind(module, attributes=True)
@@ -103,7 +103,7 @@ def _skipping(
     return call
 
 
-class _Kinds:
+class _MeasuredKinds:
     """Per kind, the bytes its measured calls held and its last output; the calls skipped."""
 
     def __init__(self) -> None:
