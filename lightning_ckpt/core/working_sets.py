@@ -39,6 +39,8 @@ def forward_working_sets(
     if alike and not nested(modules):
         try:
             return _measured(modules, step_fn, skip_alike=True)
+        except BackwardInForwardError:
+            raise
         except Exception:  # the model read what a skipped block returned: measure every call
             pass
     return _measured(modules, step_fn, skip_alike=False)
@@ -135,10 +137,14 @@ def _dropped(_: Any) -> None:
     return None
 
 
+class BackwardInForwardError(RuntimeError):
+    """The step's forward runs a backward inside itself, which the working-set measurement cannot run."""
+
+
 def _unpacked(_: Any) -> None:
     """The unpack hook: reached only by a backward inside the forward (``torch.autograd.grad`` in it)."""
-    raise RuntimeError(
-        "AutoCheckpoint measures each candidate's forward with nothing saved for backward; a forward that"
-        " runs a backward inside itself (torch.autograd.grad, a gradient penalty) is not supported: leave"
-        " that module out of `targets`"
+    raise BackwardInForwardError(
+        "AutoCheckpoint measures what each checkpointed candidate holds by running the step's forward with"
+        " nothing saved for backward, and this forward runs a backward inside itself (torch.autograd.grad,"
+        " a gradient penalty): not supported; if a candidate module does it, leave it out of `targets`"
     )
