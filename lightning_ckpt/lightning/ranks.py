@@ -171,8 +171,8 @@ def _with_checkpointed(
 
 def max_over_ranks(trainer: pl.Trainer, value: int) -> int:
     """The largest value over all ranks: every rank must take the same re-plan decision."""
-    tensor = torch.tensor(int(value), dtype=torch.int64, device=trainer.strategy.root_device)
-    return int(trainer.strategy.reduce(tensor, reduce_op="max").item())
+    (largest,) = max_each(trainer, value)
+    return largest
 
 
 def log_metrics(trainer: pl.Trainer, plan: CheckpointPlan) -> None:
