@@ -92,17 +92,6 @@ def test_ranks_run_one_round_whose_plan_covers_every_rank_batch_else_plan_togeth
     assert agreed_key(alone, book, batch, short, False) == (False, short, False), "one process: its own"
 
 
-def test_a_restored_book_numbers_its_rounds_in_the_order_they_were_made():
-    plan = CheckpointPlan((), (), (), 0, 10, 5, 0.0, "all-fit", 0.0)
-    long, short = ((((8, n), "torch.int64"),) for n in (256, 64))
-    book = PlanBook()
-    book.file(long, plan)
-    book.file(short, plan)
-    book.file(long, dataclasses.replace(plan, predicted_peak_bytes=6))  # planned again: the latest round
-    restored = PlanBook.from_state(book.to_state())
-    assert restored.rounds == {short: 0, long: 1} and restored.plans == book.plans
-
-
 def test_pad_batch_repeats_the_last_entry_and_refuses_a_smaller_target():
     batch = (torch.tensor([[5, 6, 7]]), {"mask": torch.tensor([[1, 1, 0]]), "name": "x"})
     ids, extra = pad_batch(batch, (((2, 5), "torch.int64"),) * 2)

@@ -129,8 +129,7 @@ class PlanBook:
     def to_state(self) -> dict[str, Any]:
         """Plain data for a checkpoint: the plans by shapes, the shapes in force, the setting (not the
         profiles)."""
-        in_rounds = sorted(self.plans, key=lambda shapes: self.rounds.get(shapes, -1))  # restored in order
-        plans = [[_shapes_to_lists(shapes), self.plans[shapes].to_dict()] for shapes in in_rounds]
+        plans = [[_shapes_to_lists(shapes), plan.to_dict()] for shapes, plan in self.plans.items()]
         current = None if self.current is None else _shapes_to_lists(self.current)
         return {"plans": plans, "current_shapes": current, "setting": self.setting}
 
