@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from callback_helpers import exit_cleanly, fit_in_cap, next_token_pairs, tiny_gpt  # noqa: E402
 from capped_ddp_script import ddp_trainer  # noqa: E402
+from test_budget_promise import exact_budget  # noqa: E402
 
 from lightning_ckpt import AutoCheckpoint  # noqa: E402
 from lightning_ckpt.planning.peak import fixed_peak_bytes, predict_peak_bytes  # noqa: E402
@@ -63,9 +64,8 @@ def probe() -> int:
     trainer = ddp_trainer(callback, 2, use_distributed_sampler=False)
     trainer.fit(tiny_gpt(dropout=0.0), train_dataloaders=loader((16, 32), seed=0))
     short, long = (callback._book.profiles[shapes(n)] for n in (16, 32))
-    budget = max(predict_peak_bytes(short, []), fixed_peak_bytes(long))
-    while int(budget / 1e9 * 1e9) != budget:  # budget_gb must give back exactly the cap
-        budget += 1
+    least = max(predict_peak_bytes(short, []), fixed_peak_bytes(long))
+    budget = exact_budget(least)  # the smallest at least that which budget_gb gives back exactly
     assert budget < predict_peak_bytes(long, []), "the plan for 32 tokens must checkpoint something"
     return budget
 
