@@ -18,6 +18,7 @@ _EXPORTS = {
     "SolverOptions": "lightning_ckpt.solver",
     "AutoCheckpointConfig": "lightning_ckpt.config",
     "BudgetTooSmallError": "lightning_ckpt.planning",
+    "RankFailedError": "lightning_ckpt.lightning.ranks",
     "memory_cap": "lightning_ckpt.testing",
     "find_candidates": "lightning_ckpt.core.candidates",
     "ModuleProfile": "lightning_ckpt.core.profile_types",

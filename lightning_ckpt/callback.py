@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -31,17 +30,14 @@ from lightning_ckpt.lightning.plan_book import (
     PlanBook,
     agreed_key,
     book_for_fit,
-    checked_plan,
     model_signature,
-    plan_decision,
     run_setting,
-    saved_plan_problem,
 )
-from lightning_ckpt.lightning.profile import FamilyProfileError, profile_in_fit, profiles_collectively
-from lightning_ckpt.lightning.ranks import any_rank, log_metrics, max_over_ranks, same_on_every_rank
+from lightning_ckpt.lightning.plan_round import PlanRound, shapes_text
+from lightning_ckpt.lightning.profile import FamilyProfileError, profile_in_fit
+from lightning_ckpt.lightning.ranks import any_rank, log_metrics, max_over_ranks
 from lightning_ckpt.lightning.replan import replan_over_budget
-from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes, family_top
-from lightning_ckpt.planning import BudgetTooSmallError
+from lightning_ckpt.lightning.shapes import BatchShapes, batch_shapes
 from lightning_ckpt.planning.plan import CheckpointPlan
 from lightning_ckpt.solver.validate import Method
 from lightning_ckpt.units import BYTES_PER_GB
@@ -165,7 +161,9 @@ class AutoCheckpoint(Callback):
         plan_now, key, unmeasured = agreed_key(trainer, self._book, shapes, key, need)
         measure = unmeasured and self._measures_now(trainer)
         if plan_now:
-            key = self._plan_for(trainer, pl_module, batch, batch_idx, shapes, None if exact else key, exact)
+            key = self._round(trainer, pl_module, batch, batch_idx).plan_for(
+                shapes, None if exact else key, exact
+            )
             self._shapes = None  # (re-)apply it below
         if self._steps_this_fit == 0:  # planned anew at the length's rung, not at `shapes`
             self._rounded_first = shapes if covering is None and key != shapes else None
@@ -247,7 +245,9 @@ class AutoCheckpoint(Callback):
         """Apply the plan made for ``shapes``."""
         plan = self._book.plans[shapes]
         if self._shapes is not None:  # every few steps under dynamic padding: debug, not info
-            log.debug("AutoCheckpoint: plan for %s (%d checkpointed)", _text(shapes), len(plan.checkpointed))
+            log.debug(
+                "AutoCheckpoint: plan for %s (%d checkpointed)", shapes_text(shapes), len(plan.checkpointed)
+            )
         apply_plan(pl_module, plan)
         self._shapes = self._book.current = shapes
         log_metrics(trainer, plan)
@@ -256,92 +256,15 @@ class AutoCheckpoint(Callback):
         """Measure a plan's first step, except the first step of a fit (no gradients or optimizer state yet)."""
         return self.config.measure and self._steps_this_fit > 0 and trainer.global_step > 0
 
-    def _plan_for(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        shapes: BatchShapes,
-        key: BatchShapes | None,
-        exact: bool = False,
-    ) -> BatchShapes:
-        """Plan a batch of ``shapes`` (or check the saved plan ``key`` covering them) before its step, and
-        return the shapes the plan in force is filed under: a family's top when it fits, else the batch's
-        (always the batch's when ``exact``)."""
+    def _round(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> PlanRound:
+        """A planning round before the step of ``batch``, on this callback's books."""
         profile_at = functools.partial(self._profile, trainer, pl_module, batch, batch_idx)
-        target = shapes if exact else key if key is not None else family_top(shapes, self._book.plans)
-        target = shapes if target in self._book.refused else target
-        # a rank whose plan holds reuses its profile, unless profiles run collectives (FSDP, FSDP2)
-        together = profiles_collectively(trainer)
-        reuse = key is not None and key not in self._book.unchecked and target in self._book.profiles
-        profile = self._book.profiles[target] if reuse and not together else profile_at(target)
-        (failed,) = any_rank(trainer, profile is None)  # the step does not run at the top shapes
-        if failed and (target != shapes or together):
-            self._book.refused |= {target} - {shapes}
-            target, profile = shapes, profile_at(shapes)
-        saved = self._book.plans.get(target) if target in self._book.unchecked else None
-        problem = None if saved is None else saved_plan_problem(saved, profile, self.budget_bytes)
-        options_check = (trainer, pl_module, batch, batch_idx, saved, profile, problem)  # on every rank
-        problem, saved = self._options.check_saved(*options_check)  # op level: sized again, not timed
-        # after a resume each rank checks the saved plan of its own batch's family: one plan for all or none
-        agreed = same_on_every_rank(trainer, plan_decision(saved))
-        (replan,) = any_rank(trainer, saved is None or problem is not None or not agreed)
-        if replan:
-            if problem is not None:
-                rank_zero_info(
-                    f"AutoCheckpoint: the saved plan for {_text(target)} is not applied: {problem}; planning anew"
-                )
-            elif not agreed:
-                rank_zero_info(
-                    "AutoCheckpoint: the ranks' batches fall under different saved plans; planning anew on every rank"
-                )
-            candidates = self._candidates(pl_module)
-            measure = functools.partial(
-                self._options.measure, trainer, pl_module, batch, batch_idx, candidates
-            )
-            target, profile, plan = self._new_plan(trainer, profile_at, shapes, target, profile, measure)
-            family = f" (for {_text(shapes)} and every batch it covers)" if target != shapes else ""
-            rank_zero_info(f"AutoCheckpoint plan for batch shapes {_text(target)}{family}:\n{plan}")
-        else:
-            plan = saved if saved.selective else checked_plan(saved, profile)
-            rank_zero_info(f"AutoCheckpoint: the saved plan for {_text(target)} holds on a fresh profile")
-        self._book.file(target, plan)
-        self._book.profiles[target] = profile
-        self._book.unchecked.discard(target)
-        return target
-
-    def _new_plan(
-        self,
-        trainer: pl.Trainer,
-        profile_at: Callable[[BatchShapes], StepProfile | None],
-        shapes: BatchShapes,
-        target: BatchShapes,
-        profile: StepProfile,
-        measure_options: Callable[[BatchShapes], None],
-    ) -> tuple[BatchShapes, StepProfile, CheckpointPlan]:
-        """The plan for ``target`` from its ``profile``; for the batch's own ``shapes`` when the budget is
-        too small at a family's top (a batch that fits is never refused for its family)."""
-        try:
-            measure_options(target)
-            plan = self._options.decide(trainer, profile, target)
-        except BudgetTooSmallError:
-            (retry,) = any_rank(trainer, target != shapes)
-            if not retry:
-                raise
-            rank_zero_info(f"AutoCheckpoint: {_text(target)} does not fit; planning {_text(shapes)} alone")
-            if target != shapes or profiles_collectively(trainer):
-                self._book.refused |= {target} - {shapes}
-                target, profile = shapes, profile_at(shapes)
-            measure_options(target)  # on several devices a collective: every rank takes part
-            plan = self._options.decide(trainer, profile, target)
-        if not plan.checkpointed:
-            headroom_gb = (plan.budget_bytes - plan.predicted_peak_bytes) / BYTES_PER_GB
-            rank_zero_info(
-                f"AutoCheckpoint: everything fits in {self.budget_gb:g} GB without checkpointing"
-                f" ({headroom_gb:.4f} GB headroom predicted)"
-            )
-        return target, profile, plan
+        candidates = functools.partial(self._candidates, pl_module)
+        return PlanRound(
+            trainer, pl_module, batch, batch_idx, self._book, self._options, profile_at, candidates
+        )
 
     def _profile(
         self,
@@ -376,7 +299,3 @@ class AutoCheckpoint(Callback):
     def _stop_measuring(self) -> int:
         meter, self._meter = self._meter, None
         return meter.stop()
-
-
-def _text(shapes: BatchShapes) -> str:
-    return ", ".join(str(shape) for shape, _ in shapes)

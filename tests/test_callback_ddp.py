@@ -148,3 +148,25 @@ def test_a_resume_whose_ranks_fall_under_different_saved_plans_runs_one_plan(tmp
         for rank in (0, 1):
             assert facts[rank][fit]["cap_peak"] <= facts[rank]["budget"]
     assert [step for step, _ in facts[0]["resumed"]["steps"]] == [2, 3, 4]
+
+
+FAILURE_SCRIPT = Path(__file__).with_name("ddp_failure_script.py")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_a_profile_that_fails_on_one_rank_fails_every_rank_at_once(tmp_path):
+    """Rank 1's timing forward raises: rank 1 raises its error, rank 0 a RankFailedError naming it (it
+    used to wait in its next collective), and neither leaves a wrapped or hooked model behind."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(FAILURE_SCRIPT), str(tmp_path)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=SCRIPT.parents[1])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    errors = [json.loads((tmp_path / f"error{rank}.json").read_text()) for rank in (0, 1)]
+    assert (errors[1]["type"], errors[1]["message"]) == ("ValueError", "rank 1 cannot time this batch")
+    assert errors[0]["type"] == "RankFailedError"
+    assert (
+        "profiling failed on rank 1 of 2 (ValueError: rank 1 cannot time this batch)" in errors[0]["message"]
+    )
+    for error in errors:
+        assert error["seconds"] < 60, "a rank waited for the process group's timeout"
+        assert (error["checkpointed"], error["hooks"]) == ([], 0)

@@ -1,11 +1,14 @@
 """Planning across ranks: one rank plans and broadcasts, so every rank applies the identical plan, and
-the small collectives every rank takes its decisions with (any rank, the heaviest rank, the maximum).
+the small collectives every rank takes its decisions with (any rank, the heaviest rank, the maximum),
+and fails with (:func:`run_together`: an error on one rank is raised on every rank, so that no rank
+is left waiting in the next collective).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TypeVar
 
 import lightning.pytorch as pl
 import torch
@@ -18,6 +21,7 @@ from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan
 
 __all__ = [
+    "RankFailedError",
     "any_rank",
     "broadcast_plan",
     "decide_plan",
@@ -25,8 +29,16 @@ __all__ = [
     "log_metrics",
     "max_each",
     "max_over_ranks",
+    "run_together",
     "same_on_every_rank",
 ]
+
+T = TypeVar("T")
+
+
+class RankFailedError(RuntimeError):
+    """Raised on every rank where a step that all ranks take together did not fail, when it failed on
+    another rank (:func:`run_together`): the failing rank raises its own error."""
 
 
 def decide_plan(
@@ -108,11 +120,37 @@ def broadcast_plan(
 
 def heaviest_rank(trainer: pl.Trainer, peak_bytes: int) -> int:
     """The rank whose ``peak_bytes`` is the largest (the lowest such rank); 0 on one process."""
-    if trainer.world_size == 1:
-        return 0
-    tensor = torch.tensor([int(peak_bytes)], dtype=torch.int64, device=trainer.strategy.root_device)
-    peaks = trainer.strategy.all_gather(tensor).flatten().tolist()
+    peaks = _gathered(trainer, peak_bytes)
     return max(range(len(peaks)), key=lambda rank: (peaks[rank], -rank))
+
+
+def run_together(trainer: pl.Trainer, what: str, fn: Callable[[], T]) -> T:
+    """``fn()`` on this rank, then one small all-gather: when it raised on any rank, every rank raises,
+    the failing ranks their own error and the others a :class:`RankFailedError` naming the first failing
+    rank and its error. Without it a rank whose ``fn`` raised leaves the others waiting in their next
+    collective (NCCL: until the process group's timeout). Every rank must call it at the same point;
+    ``fn`` must run no collective.
+
+    Raises:
+        RankFailedError: on the ranks where ``fn`` returned, when it raised on another.
+    """
+    try:
+        result, error = fn(), None
+    except Exception as caught:
+        result, error = None, caught
+    failed = [rank for rank, flag in enumerate(_gathered(trainer, error is not None)) if flag]
+    if not failed:
+        return result
+    if trainer.world_size > 1:
+        first = failed[0]
+        text = f"{type(error).__name__}: {error}" if trainer.global_rank == first else None
+        text = trainer.strategy.broadcast(text, src=first)
+    if error is not None:
+        raise error
+    raise RankFailedError(
+        f"AutoCheckpoint: {what} failed on rank {first} of {trainer.world_size} ({text}), so every rank"
+        " stops here; that rank's own traceback has the details"
+    )
 
 
 def any_rank(trainer: pl.Trainer, *flags: bool) -> tuple[bool, ...]:
@@ -139,6 +177,14 @@ def same_on_every_rank(trainer: pl.Trainer, value: object) -> bool:
     first = trainer.strategy.broadcast(value, src=0)
     (differs,) = any_rank(trainer, first != value)
     return not differs
+
+
+def _gathered(trainer: pl.Trainer, value: int) -> list[int]:
+    """``value`` of every rank, by rank (one all-gather when there are several processes)."""
+    if trainer.world_size == 1:
+        return [int(value)]
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=trainer.strategy.root_device)
+    return [int(v) for v in trainer.strategy.all_gather(tensor).flatten().tolist()]
 
 
 def _plan_locally(plan_fn: Callable[[], CheckpointPlan]) -> tuple[dict, Exception | None]:

@@ -13,7 +13,7 @@ from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.lightning.apply_plan import apply_plan
 from lightning_ckpt.lightning.granularity import OptionBook
 from lightning_ckpt.lightning.plan_book import PlanBook, replanned
-from lightning_ckpt.lightning.ranks import any_rank
+from lightning_ckpt.lightning.ranks import any_rank, run_together
 from lightning_ckpt.lightning.shapes import BatchShapes
 from lightning_ckpt.planning import BudgetTooSmallError
 from lightning_ckpt.units import BYTES_PER_GB
@@ -45,7 +45,9 @@ def replan_over_budget(
         " re-planning once with the overshoot subtracted"
     )
     (missing,) = any_rank(trainer, shapes not in book.profiles)  # profiled in another fit
-    profile = profile_at(shapes) if missing else book.profiles[shapes]
+    profile = run_together(
+        trainer, "profiling", lambda: profile_at(shapes) if missing else book.profiles[shapes]
+    )
     if any_rank(trainer, profile is None)[0]:  # the top no longer runs on fake tensors (on a rank)
         rank_zero_warn("AutoCheckpoint: cannot profile again at the plan's shapes; keeping the current plan")
         return
