@@ -154,19 +154,24 @@ FAILURE_SCRIPT = Path(__file__).with_name("ddp_failure_script.py")
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-def test_a_profile_that_fails_on_one_rank_fails_every_rank_at_once(tmp_path):
-    """Rank 1's timing forward raises: rank 1 raises its error, rank 0 a RankFailedError naming it (it
-    used to wait in its next collective), and neither leaves a wrapped or hooked model behind."""
+def test_planning_that_fails_on_one_rank_fails_every_rank_at_once(tmp_path):
+    """Rank 1's timing forward raises (block level), then rank 0's timing of the op-level options: the
+    failing rank raises its error, the other a RankFailedError naming it (it used to wait in its next
+    collective), and neither leaves a wrapped or hooked model behind."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, str(FAILURE_SCRIPT), str(tmp_path)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=SCRIPT.parents[1])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     errors = [json.loads((tmp_path / f"error{rank}.json").read_text()) for rank in (0, 1)]
-    assert (errors[1]["type"], errors[1]["message"]) == ("ValueError", "rank 1 cannot time this batch")
-    assert errors[0]["type"] == "RankFailedError"
-    assert (
-        "profiling failed on rank 1 of 2 (ValueError: rank 1 cannot time this batch)" in errors[0]["message"]
-    )
-    for error in errors:
-        assert error["seconds"] < 60, "a rank waited for the process group's timeout"
-        assert (error["checkpointed"], error["hooks"]) == ([], 0)
+    cases = {
+        "block": (1, "profiling", "rank 1 cannot time this batch"),
+        "op": (0, "timing the op-level options", "rank 0 cannot time these options"),
+    }
+    for case, (failing, what, message) in cases.items():
+        own, other = errors[failing][case], errors[1 - failing][case]
+        assert (own["type"], own["message"]) == ("ValueError", message), case
+        assert other["type"] == "RankFailedError", (case, other)
+        assert f"{what} failed on rank {failing} of 2 (ValueError: {message})" in other["message"], case
+        for error in (own, other):
+            assert error["seconds"] < 60, f"{case}: a rank waited for the process group's timeout"
+            assert (error["checkpointed"], error["hooks"]) == ([], 0), case

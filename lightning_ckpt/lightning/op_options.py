@@ -38,6 +38,7 @@ from lightning_ckpt.core.selective.policy import SelectivePolicy
 from lightning_ckpt.core.selective.timing import timed_option_times
 from lightning_ckpt.core.wrapping import checkpointing_removed
 from lightning_ckpt.lightning.plain_blocks import plain_blocks
+from lightning_ckpt.lightning.ranks import run_on_rank, run_together
 from lightning_ckpt.lightning.step import no_gradient_sync, training_loss_fn, untouched_training_state
 from lightning_ckpt.planning.plan import CheckpointPlan
 
@@ -122,11 +123,15 @@ def options_in_fit(
         signatures, first = caught_inputs(trainer, pl_module, batch, batch_idx, modules)
         modules = plain_blocks(pl_module, {name: modules[name] for name, _, _ in first.values()})
         times = _rank_zero_times(trainer, modules, signatures, first)
-        measured = {
-            signature: _sized(trainer, modules[name], args, kwargs, times[name])
-            for signature, (name, args, kwargs) in first.items()
-            if name in times
-        }
+        measured = run_together(
+            trainer,
+            "sizing the op-level options",
+            lambda: {
+                signature: _sized(trainer, modules[name], args, kwargs, times[name])
+                for signature, (name, args, kwargs) in first.items()
+                if name in times
+            },
+        )
     return {name: measured[signature] for name, signature in signatures.items() if signature in measured}
 
 
@@ -137,16 +142,15 @@ def _rank_zero_times(
     first: dict[tuple, tuple[str, tuple, dict]],
 ) -> dict[str, OptionTimes]:
     """Candidate name -> its options and times, measured on rank 0 (broadcast on several devices)."""
-    times: dict[str, OptionTimes] = {}
-    if trainer.global_rank == 0:
+
+    def timed() -> dict[str, OptionTimes]:
         by_signature = {
             signature: _timed(trainer, modules[name], args, kwargs)
             for signature, (name, args, kwargs) in first.items()
         }
-        times = {name: by_signature[signature] for name, signature in signatures.items()}
-    if trainer.world_size > 1:
-        times = trainer.strategy.broadcast(times, src=0)
-    return times
+        return {name: by_signature[signature] for name, signature in signatures.items()}
+
+    return run_on_rank(trainer, 0, "timing the op-level options", timed)
 
 
 def prepared_block(trainer: pl.Trainer, block: nn.Module, args: tuple, kwargs: dict):

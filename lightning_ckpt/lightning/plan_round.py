@@ -61,7 +61,8 @@ class PlanRound:
         saved = book.plans.get(target) if target in book.unchecked else None
         problem = None if saved is None else saved_plan_problem(saved, profile, budget_bytes)
         step = (self.pl_module, self.batch, self.batch_idx)
-        problem, saved = self.options.check_saved(trainer, *step, saved, profile, problem)  # every rank
+        check = functools.partial(self.options.check_saved, trainer, *step, saved, profile, problem)
+        problem, saved = run_together(trainer, "checking the saved plan", check)  # every rank
         # after a resume each rank checks the saved plan of its own batch's family: one plan for all or none
         agreed = same_on_every_rank(trainer, plan_decision(saved))
         (replan,) = any_rank(trainer, saved is None or problem is not None or not agreed)

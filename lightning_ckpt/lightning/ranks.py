@@ -15,7 +15,7 @@ import torch
 
 from lightning_ckpt.config import AutoCheckpointConfig
 from lightning_ckpt.core.profile_types import StepProfile
-from lightning_ckpt.lightning.profile import BatchShapes
+from lightning_ckpt.lightning.shapes import BatchShapes
 from lightning_ckpt.planning import BudgetTooSmallError, make_plan
 from lightning_ckpt.planning.peak import PeakModel
 from lightning_ckpt.planning.plan import CheckpointPlan
@@ -29,6 +29,7 @@ __all__ = [
     "log_metrics",
     "max_each",
     "max_over_ranks",
+    "run_on_rank",
     "run_together",
     "same_on_every_rank",
 ]
@@ -128,8 +129,8 @@ def run_together(trainer: pl.Trainer, what: str, fn: Callable[[], T]) -> T:
     """``fn()`` on this rank, then one small all-gather: when it raised on any rank, every rank raises,
     the failing ranks their own error and the others a :class:`RankFailedError` naming the first failing
     rank and its error. Without it a rank whose ``fn`` raised leaves the others waiting in their next
-    collective (NCCL: until the process group's timeout). Every rank must call it at the same point;
-    ``fn`` must run no collective.
+    collective (NCCL: until the process group's timeout). Every rank must call it at the same point; a
+    failure inside a collective of ``fn`` itself still leaves the others waiting there.
 
     Raises:
         RankFailedError: on the ranks where ``fn`` returned, when it raised on another.
@@ -141,14 +142,48 @@ def run_together(trainer: pl.Trainer, what: str, fn: Callable[[], T]) -> T:
     failed = [rank for rank, flag in enumerate(_gathered(trainer, error is not None)) if flag]
     if not failed:
         return result
-    if trainer.world_size > 1:
-        first = failed[0]
-        text = f"{type(error).__name__}: {error}" if trainer.global_rank == first else None
-        text = trainer.strategy.broadcast(text, src=first)
     if error is not None:
+        _tell_others(trainer, failed[0], error)
         raise error
-    raise RankFailedError(
-        f"AutoCheckpoint: {what} failed on rank {first} of {trainer.world_size} ({text}), so every rank"
+    raise _failed_elsewhere(trainer, what, failed[0])
+
+
+def run_on_rank(trainer: pl.Trainer, src: int, what: str, fn: Callable[[], T]) -> T:
+    """``fn()`` on rank ``src`` only, its result (plain, picklable data) broadcast to every rank; when it
+    raised there, ``src`` raises its own error and the others a :class:`RankFailedError` naming it (they
+    would otherwise wait in the broadcast until the failing process ends or the timeout).
+
+    Raises:
+        RankFailedError: on the other ranks, when ``fn`` raised on ``src``.
+    """
+    if trainer.world_size == 1:
+        return fn()
+    payload: dict = {}
+    if trainer.global_rank == src:
+        try:
+            payload = {"result": fn()}
+        except Exception as error:
+            trainer.strategy.broadcast({"failed": True}, src=src)
+            _tell_others(trainer, src, error)
+            raise
+    payload = trainer.strategy.broadcast(payload, src=src)
+    if payload.get("failed"):
+        raise _failed_elsewhere(trainer, what, src)
+    return payload["result"]
+
+
+def _tell_others(trainer: pl.Trainer, src: int, error: Exception) -> None:
+    """The failing rank ``src``'s side of :func:`_failed_elsewhere`: its error's text to every rank."""
+    if trainer.world_size > 1:
+        trainer.strategy.broadcast(f"{type(error).__name__}: {error}", src=src)
+
+
+def _failed_elsewhere(trainer: pl.Trainer, what: str, src: int) -> RankFailedError:
+    """The error of a rank whose step went well, for ``what`` failing on rank ``src`` (its text broadcast
+    by :func:`_tell_others`)."""
+    text = trainer.strategy.broadcast(None, src=src)
+    return RankFailedError(
+        f"AutoCheckpoint: {what} failed on rank {src} of {trainer.world_size} ({text}), so every rank"
         " stops here; that rank's own traceback has the details"
     )
 
