@@ -17,8 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from lightning_ckpt.solver.capped.groups import Groups, from_options
@@ -29,6 +27,8 @@ from lightning_ckpt.solver.validate import (
     MAX_VALUE_SUM,
     MAX_WEIGHT_SUM,
     MAX_WORKERS,
+    integral_scalar,
+    refuse_masked,
 )
 
 __all__ = ["validate_choices"]
@@ -36,11 +36,7 @@ __all__ = ["validate_choices"]
 
 def _sequence(name: str, seq: object, what: str) -> list:
     """``seq`` as a list, refusing strings, masked arrays and non-sequences."""
-    masked = sys.modules.get("numpy.ma")
-    if masked is not None and isinstance(seq, masked.MaskedArray):
-        raise ValueError(
-            f"`{name}` must be a plain sequence of {what}, got a masked array (fill or compress it)"
-        )
+    refuse_masked(name, seq, what)
     if isinstance(seq, (str, bytes)) or not hasattr(seq, "__len__") or not hasattr(seq, "__getitem__"):
         raise ValueError(f"`{name}` must be a sequence of {what}, got {type(seq).__name__}")
     if isinstance(seq, np.ndarray) and seq.ndim == 0:
@@ -74,19 +70,10 @@ def _nested(name: str, seq: object, shape: list[int] | None, kind: str, convert)
     return out
 
 
-def _capacity(capacity: object) -> int:
-    value = as_integral(capacity, MAX_INTEGER)
-    if value is None:
-        raise ValueError(f"`capacity` must be an integral number in [0, 2**48], got {capacity!r}")
-    return value
-
-
 def _method_and_workers(method: object, workers: object) -> None:
     if method not in CAPPED_METHODS:
         raise ValueError(f"`method` must be one of {', '.join(map(repr, CAPPED_METHODS))}, got {method!r}")
-    value = as_integral(workers, MAX_WORKERS)
-    if value is None or value < 1:
-        raise ValueError(f"`workers` must be an integral number in [1, {MAX_WORKERS}], got {workers!r}")
+    integral_scalar("workers", workers, 1, MAX_WORKERS, str(MAX_WORKERS))
 
 
 def validate_choices(
@@ -107,7 +94,7 @@ def validate_choices(
     weight_lists = _nested("weights", weights, None, WEIGHT_KIND, lambda x: as_integral(x, MAX_INTEGER))
     shape = [len(group) for group in weight_lists]
     value_lists = _nested("values", values, shape, VALUE_KIND, as_real)
-    capacity = _capacity(capacity)
+    capacity = integral_scalar("capacity", capacity, 0, MAX_INTEGER, "2**48")
     if prefix_capacities is None:
         cap_lists = [[capacity] * size for size in shape]
     else:

@@ -47,12 +47,17 @@ MAX_WEIGHT_SUM = 2**62  # all weights together: int64 sums never overflow
 MAX_VALUE_SUM = 1e300  # all values together: float64 sums stay finite, far from overflow
 
 
-def _to_array(name: str, seq: object, kind: str) -> np.ndarray:
+def refuse_masked(name: str, seq: object, kind: str) -> None:
+    """A masked array is refused: its masked entries would be solved with whatever values they hold."""
     masked = sys.modules.get("numpy.ma")  # unimported, nothing is masked (importing it costs ~10 ms)
     if masked is not None and isinstance(seq, masked.MaskedArray):
         raise ValueError(
             f"`{name}` must be a plain sequence of {kind}, got a masked array (fill or compress it)"
         )
+
+
+def _to_array(name: str, seq: object, kind: str) -> np.ndarray:
+    refuse_masked(name, seq, kind)
     if isinstance(seq, (str, bytes)) or not isinstance(seq, (Sequence, np.ndarray)):
         raise ValueError(f"`{name}` must be a sequence of {kind}, got {type(seq).__name__}")
     try:
@@ -106,7 +111,7 @@ def _holds_bools(seq: object) -> bool:
     return not isinstance(seq, np.ndarray) and any(isinstance(x, (bool, np.bool_)) for x in seq)  # type: ignore[union-attr]
 
 
-def _integral_scalar(name: str, x: object, low: int, high: int, high_text: str) -> int:
+def integral_scalar(name: str, x: object, low: int, high: int, high_text: str) -> int:
     value = as_integral(x, high)
     if value is None or value < low:
         raise ValueError(f"`{name}` must be an integral number in [{low}, {high_text}], got {x!r}")
@@ -134,7 +139,7 @@ def validate_inputs(
     """
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
-    _integral_scalar("workers", workers, 1, MAX_WORKERS, str(MAX_WORKERS))
+    integral_scalar("workers", workers, 1, MAX_WORKERS, str(MAX_WORKERS))
     weight_array = _integral_array("weights", weights)
     value_array = _value_array("values", values)
     if len(weight_array) != len(value_array):
@@ -142,7 +147,7 @@ def validate_inputs(
             f"`weights` and `values` must have the same length, got {len(weight_array)} and {len(value_array)}"
         )
     _check_sums(weight_array, value_array)
-    return weight_array, value_array, _integral_scalar("capacity", capacity, 0, MAX_INTEGER, "2**48")
+    return weight_array, value_array, integral_scalar("capacity", capacity, 0, MAX_INTEGER, "2**48")
 
 
 def validate_caps(
