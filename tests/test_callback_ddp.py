@@ -150,28 +150,46 @@ def test_a_resume_whose_ranks_fall_under_different_saved_plans_runs_one_plan(tmp
     assert [step for step, _ in facts[0]["resumed"]["steps"]] == [2, 3, 4]
 
 
-FAILURE_SCRIPT = Path(__file__).with_name("ddp_failure_script.py")
+APART_SCRIPT = Path(__file__).with_name("ddp_apart_script.py")
+
+
+@pytest.fixture(scope="module")
+def apart_facts(tmp_path_factory) -> list[dict]:
+    """The facts of both ranks from one launch of ddp_apart_script.py (three fits)."""
+    out_dir = tmp_path_factory.mktemp("apart")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(APART_SCRIPT), str(out_dir)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=SCRIPT.parents[1])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads((out_dir / f"facts{rank}.json").read_text()) for rank in (0, 1)]
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-def test_planning_that_fails_on_one_rank_fails_every_rank_at_once(tmp_path):
+def test_planning_that_fails_on_one_rank_fails_every_rank_at_once(apart_facts):
     """Rank 1's timing forward raises (block level), then rank 0's timing of the op-level options: the
     failing rank raises its error, the other a RankFailedError naming it (it used to wait in its next
     collective), and neither leaves a wrapped or hooked model behind."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, str(FAILURE_SCRIPT), str(tmp_path)]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=SCRIPT.parents[1])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    errors = [json.loads((tmp_path / f"error{rank}.json").read_text()) for rank in (0, 1)]
     cases = {
         "block": (1, "profiling", "rank 1 cannot time this batch"),
         "op": (0, "timing the op-level options", "rank 0 cannot time these options"),
     }
     for case, (failing, what, message) in cases.items():
-        own, other = errors[failing][case], errors[1 - failing][case]
+        own, other = apart_facts[failing][case], apart_facts[1 - failing][case]
         assert (own["type"], own["message"]) == ("ValueError", message), case
         assert other["type"] == "RankFailedError", (case, other)
         assert f"{what} failed on rank {failing} of 2 (ValueError: {message})" in other["message"], case
         for error in (own, other):
             assert error["seconds"] < 60, f"{case}: a rank waited for the process group's timeout"
             assert (error["checkpointed"], error["hooks"]) == ([], 0), case
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_a_rank_that_profiles_alone_runs_no_collective_for_the_model_buffers(apart_facts):
+    """A model with a buffer; at step 2 only rank 1 meets new shapes and profiles. DDP broadcast the buffer
+    in its measuring forward, alone, and both ranks waited for the timeout; now the fit goes on."""
+    for rank, facts in enumerate(apart_facts):
+        fit = facts["buffers"]
+        assert fit["error"] is None, (rank, fit["error"])
+        assert fit["seconds"] < 60, f"rank {rank} waited for the process group's timeout"
+    assert [len(facts["buffers"]["plans"]) for facts in apart_facts] == [1, 2], "only rank 1 planned again"
+    assert apart_facts[0]["buffers"]["steps"] == apart_facts[1]["buffers"]["steps"]

@@ -19,6 +19,7 @@ same seconds, each with its own bytes. It is a collective: every rank calls it a
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -120,7 +121,8 @@ def options_in_fit(
         untouched_training_state(pl_module),
         no_gradient_sync(trainer),
     ):
-        signatures, first = caught_inputs(trainer, pl_module, batch, batch_idx, modules)
+        caught = functools.partial(caught_inputs, trainer, pl_module, batch, batch_idx, modules)
+        signatures, first = run_together(trainer, "catching the blocks' inputs", caught)
         modules = plain_blocks(pl_module, {name: modules[name] for name, _, _ in first.values()})
         times = _rank_zero_times(trainer, modules, signatures, first)
         measured = run_together(

@@ -103,12 +103,28 @@ class PrecisionOnlyTrainer:
 
 
 def no_gradient_sync(trainer: pl.Trainer) -> contextlib.AbstractContextManager:
-    """DDP's ``no_sync()`` (no all-reduce of gradients that are thrown away), else a null context.
+    """DDP without its collectives (no all-reduce of gradients that are thrown away, no broadcast of
+    buffers before the forward), and its forward-sync flag as it was afterwards; else a null context.
 
-    FSDP is left to synchronise: under ``no_sync`` it would keep unsharded gradients, a memory profile
-    that real steps never have.
+    A measuring forward may run on some ranks only (a rank whose plan holds reuses its profile): after a
+    training step DDP broadcasts a model's buffers (a rotary ``inv_freq``, BatchNorm statistics) before
+    its next forward, which on one rank alone meets the others' next collective and hangs. A forward
+    without autograd also clears the flag, which would skip the broadcast at that rank's next real step
+    only. FSDP is left to synchronise: under ``no_sync`` it would keep unsharded gradients, a memory
+    profile that real steps never have.
     """
     model = trainer.strategy.model
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return model.no_sync()
+        return _ddp_unsynced(model)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _ddp_unsynced(model: torch.nn.parallel.DistributedDataParallel) -> Iterator[None]:
+    forward_sync = model.require_forward_param_sync
+    model.require_forward_param_sync = False
+    try:
+        with model.no_sync():
+            yield
+    finally:
+        model.require_forward_param_sync = forward_sync
