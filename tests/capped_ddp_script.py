@@ -42,12 +42,17 @@ from lightning_ckpt.testing import memory_cap  # noqa: E402
 STEPS, BATCH = 4, 4  # BATCH rows per rank and step
 
 
-def ddp_trainer(callback: AutoCheckpoint, max_steps: int, *others: L.Callback, **kwargs) -> L.Trainer:
+def ddp_trainer(
+    callback: AutoCheckpoint, max_steps: int, *others: L.Callback, static_graph: bool = False, **kwargs
+) -> L.Trainer:
+    # "ddp" with a short timeout: a rank that dies of OOM must not leave its peer waiting 30 minutes
+    strategy = DDPStrategy(
+        process_group_backend="gloo", timeout=timedelta(seconds=120), static_graph=static_graph
+    )
     return L.Trainer(
         accelerator="cpu",
         devices=2,
-        # "ddp" with a short timeout: a rank that dies of OOM must not leave its peer waiting 30 minutes
-        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120)),
+        strategy=strategy,
         max_steps=max_steps,
         callbacks=[callback, *others],
         logger=False,

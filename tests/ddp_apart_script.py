@@ -10,13 +10,19 @@ ways, three fits in one launch to keep the tests' time low.
    step 2 only rank 1 meets shapes no plan covers, so only rank 1 profiles (rank 0's plan holds). Its
    measuring forwards must run no collective: they used to broadcast the buffer alone, and both ranks
    waited until the timeout.
+4. ``fallback``: the same model, whose step does not run on fake tensors (profiled on real ones), rank 1
+   alone at step 1: DDP rebuilds its gradient buckets (a broadcast) on the first forward with autograd
+   after the first synchronised backward, which that real profile used to be, on rank 1 alone.
+5. ``static_graph``: the fallback under ``DDPStrategy(static_graph=True)``, where a forward and backward
+   through DDP under ``no_sync`` before the first real backward failed on every rank (an internal assert
+   of DDP's delayed all-reduce).
 
 Usage:
     python tests/ddp_apart_script.py OUT_DIR
 
 Each rank writes ``facts{rank}.json``: per failing fit, the error's type and message, the seconds from
 the fit's start to the error, and what the model holds after it (checkpointed modules, forward hooks);
-for ``buffers``, the error (None), the seconds, the plans in the rank's book and the plan in force at
+for the others, the error (None), the seconds, the plans in the rank's book and the plan in force at
 each step.
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -94,18 +101,30 @@ class PlanSpy(L.Callback):
         self.steps.append(list(self.callback.plan.checkpointed))
 
 
-def _apart_fit() -> dict:
-    """Rank 0 trains on (4, 32) batches, rank 1 on (4, 32) then (8, 32): at step 2 only rank 1 profiles."""
+class RealOnlyGPT(BufferedGPT):
+    """A step that does not run on fake tensors (as one with ``.item()`` would not)."""
+
+    def training_step(self, batch, batch_idx):
+        if isinstance(batch[0], FakeTensor):
+            raise RuntimeError("this step needs real tensors")
+        return super().training_step(batch, batch_idx)
+
+
+def _apart_fit(model_class: type, alone_from: int, **trainer_kwargs) -> dict:
+    """Rank 0 trains on (4, 32) batches, rank 1 on (4, 32) until step ``alone_from``, then (8, 32): only
+    rank 1 profiles there."""
     rank = torch.distributed.get_rank()
-    rows = (4, 4, 4, 4) if rank == 0 else (4, 4, 8, 8)
+    rows = [4] * 4 if rank == 0 else [4] * alone_from + [8] * (4 - alone_from)
     batches = [next_token_pairs(n, 32, seed=10 * rank + i) for i, n in enumerate(rows)]
     torch.manual_seed(0)
-    model, callback = BufferedGPT(**TINY_GPT), AutoCheckpoint(budget_gb=1000, measure=False)
+    model, callback = model_class(**TINY_GPT), AutoCheckpoint(budget_gb=1000, measure=False)
     spy = PlanSpy(callback)
-    trainer = ddp_trainer(callback, 4, spy, use_distributed_sampler=False)
+    trainer = ddp_trainer(callback, 4, spy, use_distributed_sampler=False, **trainer_kwargs)
     start = time.perf_counter()
     try:
-        trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the real-tensor fallback's warning, on every profile
+            trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
         error = None
     except Exception as caught:
         error = f"{type(caught).__name__}: {caught}"
@@ -119,7 +138,9 @@ def main(out_dir: Path) -> None:
     op_options._timed = _option_timing_fails_on_rank_0  # an injected fault: rank 0 times, then broadcasts
     torch.manual_seed(0)
     facts["op"] = _failed_fit(GPT(**TINY_GPT), AutoCheckpoint(budget_gb=0.0022, granularity="op"))
-    facts["buffers"] = _apart_fit()
+    facts["buffers"] = _apart_fit(BufferedGPT, alone_from=2)
+    facts["fallback"] = _apart_fit(RealOnlyGPT, alone_from=1)
+    facts["static_graph"] = _apart_fit(RealOnlyGPT, alone_from=1, static_graph=True)
     rank = torch.distributed.get_rank()
     (out_dir / f"facts{rank}.json").write_text(json.dumps(facts))
 

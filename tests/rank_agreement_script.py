@@ -1,6 +1,7 @@
 """Run by tests/test_rank_agreement.py: ``run_together`` and ``run_on_rank`` on 3 real gloo processes
 (a stand-in trainer with Lightning's own DDP broadcast), failing on no rank, on two, on all, on the
-broadcasting rank. After each case one more collective shows that every rank's collectives paired up.
+broadcasting rank. After each case every rank all-gathers the case's index: each gets its own index from
+every rank only if the collectives of the cases before paired up.
 
 Usage:
     python tests/rank_agreement_script.py OUT_DIR
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -20,7 +22,7 @@ from lightning.fabric.utilities.distributed import _all_gather_ddp_if_available
 from lightning.pytorch.strategies import DDPStrategy
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
-from lightning_ckpt.lightning.ranks import any_rank, run_on_rank, run_together  # noqa: E402
+from lightning_ckpt.lightning.ranks import run_on_rank, run_together  # noqa: E402
 
 WORLD = 3
 
@@ -51,7 +53,10 @@ def _fails_on(rank: int, failing: set[int]):
 
 
 def _work(rank: int, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=WORLD)
+    store = f"file://{out_dir}/store"
+    dist.init_process_group(
+        "gloo", init_method=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )
     trainer = types.SimpleNamespace(world_size=WORLD, global_rank=rank, strategy=_Strategy())
     cases = {
         "together, none fails": lambda: run_together(trainer, "x", _fails_on(rank, set())),
@@ -61,12 +66,13 @@ def _work(rank: int, out_dir: str) -> None:
         "on rank 1, it works": lambda: run_on_rank(trainer, 1, "y", lambda: {"from": rank}),
     }
     facts = {}
-    for name, call in cases.items():
+    for index, (name, call) in enumerate(cases.items()):
         try:
             facts[name] = ["returned", call()]
         except Exception as error:
             facts[name] = [type(error).__name__, str(error)]
-        facts[name].append(any_rank(trainer, rank == 0)[0])  # pairs up only if every rank got here
+        # every rank at this case: the collectives of the ones before paired up
+        facts[name].append(trainer.strategy.all_gather(torch.tensor([index])).flatten().tolist())
     Path(out_dir, f"facts{rank}.json").write_text(json.dumps(facts))
     dist.destroy_process_group()
 

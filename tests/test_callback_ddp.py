@@ -184,12 +184,16 @@ def test_planning_that_fails_on_one_rank_fails_every_rank_at_once(apart_facts):
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-def test_a_rank_that_profiles_alone_runs_no_collective_for_the_model_buffers(apart_facts):
-    """A model with a buffer; at step 2 only rank 1 meets new shapes and profiles. DDP broadcast the buffer
-    in its measuring forward, alone, and both ranks waited for the timeout; now the fit goes on."""
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+@pytest.mark.parametrize("case", ["buffers", "fallback", "static_graph"])
+def test_a_rank_that_profiles_alone_runs_no_collective(apart_facts, case):
+    """Only rank 1 meets new shapes and profiles. buffers: a model with a buffer at step 2, which DDP's
+    forward broadcast in the measuring forward, alone, and both ranks waited for the timeout. fallback: a
+    step profiled on real tensors at step 1, where DDP's forward rebuilt its buckets (a broadcast) alone.
+    static_graph: that fallback under DDP's static graph, which failed on every rank at step 0."""
     for rank, facts in enumerate(apart_facts):
-        fit = facts["buffers"]
+        fit = facts[case]
         assert fit["error"] is None, (rank, fit["error"])
         assert fit["seconds"] < 60, f"rank {rank} waited for the process group's timeout"
-    assert [len(facts["buffers"]["plans"]) for facts in apart_facts] == [1, 2], "only rank 1 planned again"
-    assert apart_facts[0]["buffers"]["steps"] == apart_facts[1]["buffers"]["steps"]
+    assert [len(facts[case]["plans"]) for facts in apart_facts] == [1, 2], "only rank 1 planned again"
+    assert apart_facts[0][case]["steps"] == apart_facts[1][case]["steps"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lightning_ckpt._compat import collect_rng_states, set_rng_states
 
@@ -66,8 +67,11 @@ def training_loss_fn(
     """A function that runs ``training_step`` on ``batch`` as the trainer would, and returns the loss.
 
     It runs as the trainer runs it: inside the precision plugin's autocast context and, when the strategy
-    wraps the module (DDP, FSDP), through the wrapper's forward, so FSDP gathers its root parameters as in
-    a real step. Logging is muted. ``trainer`` may be anything with a ``precision_plugin`` (offline plans).
+    wraps the module in FSDP, through the wrapper's forward, so FSDP gathers its root parameters as in a
+    real step. Not through DDP's: its forward makes collectives (the buffers' broadcast, the gradient
+    buckets' rebuild on the first forward after a synchronised backward) that a measuring step, which may
+    run on one rank alone, must not make, and adds no memory of its own. Logging is muted. ``trainer``
+    may be anything with a ``precision_plugin`` (offline plans).
     """
 
     kept: list[torch.Tensor] = []
@@ -88,8 +92,9 @@ def training_loss_fn(
 
 def _run_training_step(trainer: Any, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> Any:
     strategy = getattr(trainer, "strategy", None)
-    if strategy is not None and strategy.model is not None and strategy.model is not pl_module:
-        return strategy.training_step(batch, batch_idx)  # autocast + DDP/FSDP forward redirection
+    wrapper = None if strategy is None else strategy.model
+    if wrapper is not None and wrapper is not pl_module and not isinstance(wrapper, DDP):
+        return strategy.training_step(batch, batch_idx)  # autocast + FSDP's forward redirection
     with trainer.precision_plugin.train_step_context():
         return pl_module.training_step(batch, batch_idx)
 
@@ -103,28 +108,14 @@ class PrecisionOnlyTrainer:
 
 
 def no_gradient_sync(trainer: pl.Trainer) -> contextlib.AbstractContextManager:
-    """DDP without its collectives (no all-reduce of gradients that are thrown away, no broadcast of
-    buffers before the forward), and its forward-sync flag as it was afterwards; else a null context.
+    """DDP's ``no_sync()`` (no all-reduce of gradients that are thrown away), else a null context. The
+    measuring steps do not go through DDP's forward (see :func:`training_loss_fn`), so its reducer is
+    not armed for them anyway; this keeps it so should one ever be.
 
-    A measuring forward may run on some ranks only (a rank whose plan holds reuses its profile): after a
-    training step DDP broadcasts a model's buffers (a rotary ``inv_freq``, BatchNorm statistics) before
-    its next forward, which on one rank alone meets the others' next collective and hangs. A forward
-    without autograd also clears the flag, which would skip the broadcast at that rank's next real step
-    only. FSDP is left to synchronise: under ``no_sync`` it would keep unsharded gradients, a memory
-    profile that real steps never have.
+    FSDP is left to synchronise: under ``no_sync`` it would keep unsharded gradients, a memory profile
+    that real steps never have.
     """
     model = trainer.strategy.model
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return _ddp_unsynced(model)
+    if isinstance(model, DDP):
+        return model.no_sync()
     return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _ddp_unsynced(model: torch.nn.parallel.DistributedDataParallel) -> Iterator[None]:
-    forward_sync = model.require_forward_param_sync
-    model.require_forward_param_sync = False
-    try:
-        with model.no_sync():
-            yield
-    finally:
-        model.require_forward_param_sync = forward_sync
