@@ -102,20 +102,23 @@ def _broadcast_plan(
 def broadcast_plan(
     trainer: pl.Trainer, plan_fn: Callable[[], CheckpointPlan], src: int, shapes: BatchShapes
 ) -> CheckpointPlan:
-    """``plan_fn()`` run on rank ``src``, its plan (or its failure) broadcast: every rank returns the
-    same plan or raises the same error.
+    """``plan_fn()`` run on rank ``src``, its plan broadcast: every rank returns the same plan, or raises
+    (:func:`run_on_rank`).
 
     Raises:
-        BudgetTooSmallError: when ``plan_fn`` raised it on ``src`` (naming the batch ``shapes``).
+        BudgetTooSmallError: on every rank when ``plan_fn`` raised it on ``src`` (naming the batch ``shapes``).
+        RankFailedError: on the other ranks when ``plan_fn`` raised anything else on ``src``.
     """
-    payload, failure = ({}, None)
-    if trainer.global_rank == src:
-        payload, failure = _plan_locally(plan_fn)
-    payload = trainer.strategy.broadcast(payload, src=src)
+
+    def planned() -> dict:
+        try:
+            return {"plan": plan_fn().to_dict()}
+        except BudgetTooSmallError as error:
+            return {"too_small": (error.budget_bytes, error.minimum_bytes, error.num_candidates)}
+
+    payload = run_on_rank(trainer, src, "planning", planned)
     if "too_small" in payload:
         raise BudgetTooSmallError(*payload["too_small"], shapes=[shape for shape, _ in shapes])
-    if "failure" in payload:
-        raise failure or RuntimeError(f"AutoCheckpoint: planning failed on rank {src}: {payload['failure']}")
     return CheckpointPlan.from_dict(payload["plan"])
 
 
@@ -220,17 +223,6 @@ def _gathered(trainer: pl.Trainer, value: int) -> list[int]:
         return [int(value)]
     tensor = torch.tensor([int(value)], dtype=torch.int64, device=trainer.strategy.root_device)
     return [int(v) for v in trainer.strategy.all_gather(tensor).flatten().tolist()]
-
-
-def _plan_locally(plan_fn: Callable[[], CheckpointPlan]) -> tuple[dict, Exception | None]:
-    """The plan as plain data for the broadcast, or what made planning fail."""
-    try:
-        plan = plan_fn()
-    except BudgetTooSmallError as error:
-        return {"too_small": (error.budget_bytes, error.minimum_bytes, error.num_candidates)}, error
-    except Exception as error:
-        return {"failure": repr(error)}, error
-    return {"plan": plan.to_dict()}, None
 
 
 def _with_checkpointed(
