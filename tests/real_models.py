@@ -167,6 +167,33 @@ class Qwen2LM(L.LightningModule):
         return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)
 
 
+class PeftLoRA(L.LightningModule):
+    """A tiny Llama from its config with LoRA adapters from the ``peft`` library on the attention's q and v
+    projections (``get_peft_model``: the base frozen, its dropout on the adapters' input), as people
+    fine-tune with it."""
+
+    def __init__(self, layers: int = 4, dropout: float = 0.1, zero_b: bool = True) -> None:
+        super().__init__()
+        peft = pytest.importorskip("peft")
+        torch.manual_seed(0)
+        config = peft.LoraConfig(  # zero_b=False: B random too, so that A has gradients from the first step
+            r=8,
+            lora_alpha=16,
+            target_modules=["q_proj", "v_proj"],
+            lora_dropout=dropout,
+            init_lora_weights=zero_b,
+        )
+        self.model = peft.get_peft_model(hf_model("llama", layers), config)
+
+    def training_step(self, batch, batch_idx):
+        ids, mask = batch
+        labels = ids.masked_fill(mask == 0, -100)
+        return self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)
+
+
 class HFVision(L.LightningModule):
     """A tiny transformers image classifier from its config (random weights): Swin (windowed attention,
     shifted windows, patch merging) or ResNet (basic layers with BatchNorm), on ``image_loader`` batches."""
