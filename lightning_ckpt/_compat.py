@@ -53,6 +53,7 @@ __all__ = [
     "composable_api_names",
     "convert_precision",
     "default_foreach",
+    "fake_module_conversions",
     "fsdp2_is_root",
     "fsdp2_param_dtype",
     "fsdp2_post_forward_mesh_getter",
@@ -160,6 +161,46 @@ def fsdp2_post_forward_mesh_getter(wrap: Callable[[Callable], Callable]) -> Iter
     finally:
         for module, original in zip(modules, originals, strict=True):
             module._get_post_forward_mesh_info = original
+
+
+@contextlib.contextmanager
+def fake_module_conversions() -> Iterator[None]:
+    """While the block runs, ``Module.to()`` (``.float()``, ``.cuda()``...) works on a module whose parameters
+    were made under ``FakeTensorMode``, as libraries call it in their constructors (peft moves each new
+    adapter to its base layer's device and dtype). torch 2.4-2.13 swaps a fake parameter for its converted
+    copy with ``torch.utils.swap_tensors``, which refuses a tensor that anything holds by weak reference,
+    and FakeTensorMode's converter memos do ("_apply(): Couldn't swap Linear.weight", pytorch#148977).
+    Here a fake tensor about to be swapped is first dropped from those memos (a memo only caches a
+    conversion; it is made again if asked), then swapped as torch would.
+
+    Example:
+        >>> with FakeTensorMode(), fake_module_conversions():
+        ...     linear = torch.nn.Linear(2, 2).to(torch.float64)
+        >>> type(linear.weight).__name__, linear.weight.dtype
+        ('FakeTensor', torch.float64)
+    """
+    original = torch.utils.swap_tensors
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        for tensor in (t1, t2):
+            if isinstance(tensor, FakeTensor):
+                _drop_from_fake_memos(tensor)
+        original(t1, t2)
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
+def _drop_from_fake_memos(tensor: FakeTensor) -> None:
+    """Remove ``tensor`` from its mode's converter memos (``WeakValueDictionary`` s: torch 2.4-2.13)."""
+    converter = tensor.fake_mode.fake_tensor_converter
+    for memo in (converter.tensor_memo, getattr(converter.meta_converter, "tensor_memo", None)):
+        entries = getattr(memo, "data", {})  # the weak references, by key
+        for key in [key for key, ref in list(entries.items()) if ref() is tensor]:
+            del entries[key]
 
 
 def lightning_device_mesh(pl_module: Any) -> Any:

@@ -6,14 +6,15 @@ Usage:
     python tests/fsdp2_hf_script.py OUT_DIR probe
         Rank r writes ``bounds{r}.json``: its predicted peak with every layer checkpointed (the minimum),
         with none (unchecked), and its static bytes.
-    python tests/fsdp2_hf_script.py OUT_DIR run BUDGET_BYTES
+    python tests/fsdp2_hf_script.py OUT_DIR {run,lora} BUDGET_BYTES
         ``capped``: 3 steps inside ``memory_cap(BUDGET_BYTES)`` per rank with ``budget_gb`` equal to the
         cap; then ``plain``: the same 3 steps without the callback, with ``use_cache=False`` in the
         config as the callback passes it in training (the cache changes no loss, only the memory). Each
         writes ``{name}_facts{r}.json`` (losses; with the callback the checkpointed layers, the rank's own
         predicted peak for them, its minimum and unchecked peaks, the cap's peak and the lightning_ckpt
         warnings) and, on rank 0, the full parameters after the fit (``{name}.pt``). A rank out of
-        memory writes ``{name}_oom{r}.txt``.
+        memory writes ``{name}_oom{r}.txt``. ``lora``: the same with LoRA adapters from peft
+        (``ShardedLoRALlama``).
 
 The batches are padded (``input_ids``, ``attention_mask``, ``labels`` -100 on the padding), each rank its
 own rows (Lightning's distributed sampler); ``use_cache`` is the config's default (on).
@@ -62,6 +63,32 @@ class ShardedLlama(HFCausalLM):
         fully_shard(self.model, mesh=mesh)
 
 
+class ShardedLoRALlama(ShardedLlama):
+    """The same Llama with LoRA adapters from peft on the attention's q and v projections (the base frozen,
+    B random so that every adapter learns from the first step, dropout on the adapters' input), each
+    decoder layer sharded through peft's wrappers. peft moves each new adapter with ``Module.to()``, which
+    torch 2.13 cannot do to parameters made under ``FakeTensorMode``: the twin used to fail, and the first
+    step ran unchecked on real tensors."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        import peft
+
+        config = peft.LoraConfig(
+            r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.1, init_lora_weights=False
+        )
+        self.model = peft.get_peft_model(self.model, config)
+
+    def configure_model(self) -> None:
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.model.base_model.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)
+
+
 class DictBatches(torch.utils.data.Dataset):
     """``padded_token_loader``'s rows as the dicts a tokenizer gives: ids, mask, labels (-100 on padding)."""
 
@@ -91,9 +118,9 @@ def trainer_for(callbacks: list, max_steps: int = STEPS) -> L.Trainer:
     return fast_trainer(callbacks, max_steps=max_steps, devices=WORLD, strategy=strategy)
 
 
-def model() -> ShardedLlama:
+def model(lora: bool = False) -> ShardedLlama:
     torch.manual_seed(0)
-    return ShardedLlama("llama", LLAMA)
+    return (ShardedLoRALlama if lora else ShardedLlama)("llama", LLAMA)
 
 
 def loader() -> torch.utils.data.DataLoader:
@@ -114,14 +141,14 @@ def probe(out_dir: Path) -> None:
     (out_dir / f"bounds{trainer.global_rank}.json").write_text(json.dumps(bounds))
 
 
-def fit(out_dir: Path, name: str, budget_bytes: int | None) -> None:
+def fit(out_dir: Path, name: str, budget_bytes: int | None, lora: bool = False) -> None:
     losses = Losses()
     callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9)
     L.seed_everything(0, verbose=False)
     trainer = trainer_for([losses] + ([callback] if callback else []))
-    rank, live = trainer.global_rank, model()
+    rank, live = trainer.global_rank, model(lora)
     if callback is None:  # as AutoCheckpoint trains it: the unchecked prediction is compared to this run
-        live.model.config.use_cache = False
+        live.model.config.use_cache = False  # peft's model passes `config` through to the Llama's
     batches = loader()  # made before the cap: on a device only the batch is there
     cap = memory_cap(budget_bytes or 10**12, model=live)
     caught = fit_in_cap(trainer, live, cap, out_dir / f"{name}_oom{rank}.txt", train_dataloaders=batches)
@@ -147,6 +174,6 @@ if __name__ == "__main__":
     if mode == "probe":
         probe(out)
     else:
-        fit(out, "capped", int(sys.argv[3]))
-        fit(out, "plain", None)
+        fit(out, "capped", int(sys.argv[3]), lora=mode == "lora")
+        fit(out, "plain", None, lora=mode == "lora")
     exit_cleanly()

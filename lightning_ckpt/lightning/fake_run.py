@@ -24,7 +24,13 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 
-from lightning_ckpt._compat import FakeTensorMode, give_device_mesh, tree_leaves, tree_map_only
+from lightning_ckpt._compat import (
+    FakeTensorMode,
+    fake_module_conversions,
+    give_device_mesh,
+    tree_leaves,
+    tree_map_only,
+)
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.fake_tensors import FakeModel as FakeTwins
 from lightning_ckpt.core.fake_tensors import optimizer_step_extra_bytes
@@ -142,7 +148,7 @@ def profile_run_on_fake_tensors(
         )
     master_dtype, compute_dtype = param_dtypes(run)
     mode = FakeTensorMode()
-    with mode:
+    with mode, fake_module_conversions():  # a constructor may call `.to()` (peft does)
         with _default_dtype(compute_dtype):
             model = run.model.instantiate()
             if device_mesh is not None:
