@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
@@ -195,12 +196,16 @@ def fake_module_conversions() -> Iterator[None]:
 
 
 def _drop_from_fake_memos(tensor: FakeTensor) -> None:
-    """Remove ``tensor`` from its mode's converter memos (``WeakValueDictionary`` s: torch 2.4-2.13)."""
+    """Remove ``tensor`` from its mode's converter memos that hold their values by weak reference
+    (``WeakValueDictionary``: torch 2.13's ``tensor_memo`` of the converter and of its meta converter)."""
     converter = tensor.fake_mode.fake_tensor_converter
-    for memo in (converter.tensor_memo, getattr(converter.meta_converter, "tensor_memo", None)):
-        entries = getattr(memo, "data", {})  # the weak references, by key
-        for key in [key for key, ref in list(entries.items()) if ref() is tensor]:
-            del entries[key]
+    for memo in (
+        getattr(converter, "tensor_memo", None),
+        getattr(converter.meta_converter, "tensor_memo", None),
+    ):
+        if isinstance(memo, weakref.WeakValueDictionary):
+            for key in [key for key, ref in list(memo.data.items()) if ref() is tensor]:
+                del memo.data[key]
 
 
 def lightning_device_mesh(pl_module: Any) -> Any:
