@@ -57,15 +57,9 @@ def hf_model(kind: str, layers: int = 4) -> nn.Module:
     raise ValueError(f"unknown kind {kind!r}")
 
 
-class PaddedLM(L.LightningModule):
-    """A transformers model trained on padded batches; padding is left out of the loss."""
-
-    def __init__(self, kind: str, layers: int = 4, own_checkpointing: bool = False) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.model = hf_model(kind, layers)
-        if own_checkpointing:
-            self.model.gradient_checkpointing_enable()
+class PaddedCausalLM(L.LightningModule):
+    """``self.model`` (a transformers LM) trained on padded batches, the padding left out of the loss, by
+    AdamW on what trains (every parameter, or only the adapters of a LoRA model)."""
 
     def training_step(self, batch, batch_idx):
         ids, mask = batch
@@ -73,7 +67,18 @@ class PaddedLM(L.LightningModule):
         return self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)
+
+
+class PaddedLM(PaddedCausalLM):
+    """A tiny transformers model of ``kind`` (see ``hf_model``), optionally with its own checkpointing on."""
+
+    def __init__(self, kind: str, layers: int = 4, own_checkpointing: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = hf_model(kind, layers)
+        if own_checkpointing:
+            self.model.gradient_checkpointing_enable()
 
 
 class BasicBlock(nn.Module):
@@ -135,7 +140,7 @@ class LoRALinear(nn.Module):
         return self.base(x) + (x @ self.a.t()) @ self.b.t()
 
 
-class Qwen2LM(L.LightningModule):
+class Qwen2LM(PaddedCausalLM):
     """A tiny Qwen2 from its config on padded batches: full fine-tuning, or LoRA on the attention's q and
     v projections with every other weight frozen (``lora=True``)."""
 
@@ -158,16 +163,8 @@ class Qwen2LM(L.LightningModule):
                 layer.self_attn.q_proj = LoRALinear(layer.self_attn.q_proj)
                 layer.self_attn.v_proj = LoRALinear(layer.self_attn.v_proj)
 
-    def training_step(self, batch, batch_idx):
-        ids, mask = batch
-        labels = ids.masked_fill(mask == 0, -100)
-        return self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
-    def configure_optimizers(self):
-        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)
-
-
-class PeftLoRA(L.LightningModule):
+class PeftLoRA(PaddedCausalLM):
     """A tiny Llama from its config with LoRA adapters from the ``peft`` library on the attention's q and v
     projections (``get_peft_model``: the base frozen, its dropout on the adapters' input), as people
     fine-tune with it."""
@@ -184,14 +181,6 @@ class PeftLoRA(L.LightningModule):
             init_lora_weights=zero_b,
         )
         self.model = peft.get_peft_model(hf_model("llama", layers), config)
-
-    def training_step(self, batch, batch_idx):
-        ids, mask = batch
-        labels = ids.masked_fill(mask == 0, -100)
-        return self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-3)
 
 
 class HFVision(L.LightningModule):
