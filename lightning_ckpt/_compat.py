@@ -168,11 +168,12 @@ def fsdp2_post_forward_mesh_getter(wrap: Callable[[Callable], Callable]) -> Iter
 def fake_module_conversions() -> Iterator[None]:
     """While the block runs, ``Module.to()`` (``.float()``, ``.cuda()``...) works on a module whose parameters
     were made under ``FakeTensorMode``, as libraries call it in their constructors (peft moves each new
-    adapter to its base layer's device and dtype). torch 2.4-2.13 swaps a fake parameter for its converted
-    copy with ``torch.utils.swap_tensors``, which refuses a tensor that anything holds by weak reference,
-    and FakeTensorMode's converter memos do ("_apply(): Couldn't swap Linear.weight", pytorch#148977).
-    Here a fake tensor about to be swapped is first dropped from those memos (a memo only caches a
-    conversion; it is made again if asked), then swapped as torch would.
+    adapter to its base layer's device and dtype). torch 2.13 (since pytorch#152539) swaps a fake parameter
+    for its converted copy with ``torch.utils.swap_tensors``, which refuses a tensor that anything holds by
+    weak reference, and FakeTensorMode's converter memos do ("_apply(): Couldn't swap Linear.weight",
+    pytorch#148977). Here a fake tensor about to be swapped is first dropped from those memos (a memo only
+    caches a conversion; it is made again if asked), then swapped as torch would. Where torch does not
+    swap fake parameters, nothing changes.
 
     Example:
         >>> with FakeTensorMode(), fake_module_conversions():
