@@ -13,8 +13,9 @@ Usage:
         writes ``{name}_facts{r}.json`` (losses; with the callback the checkpointed layers, the rank's own
         predicted peak for them, its minimum and unchecked peaks, the cap's peak and the lightning_ckpt
         warnings) and, on rank 0, the full parameters after the fit (``{name}.pt``). A rank out of
-        memory writes ``{name}_oom{r}.txt``. ``lora``: the same with LoRA adapters from peft
-        (``ShardedLoRALlama``).
+        memory writes ``{name}_oom{r}.txt``. ``lora``: the same Llama saved by ``save_pretrained`` in
+        ``OUT_DIR/llama``, loaded by ``from_pretrained`` and given LoRA adapters by peft
+        (``ShardedLoRALlama``), as people fine-tune.
 
 The batches are padded (``input_ids``, ``attention_mask``, ``labels`` -100 on the padding), each rank its
 own rows (Lightning's distributed sampler); ``use_cache`` is the config's default (on).
@@ -64,16 +65,19 @@ class ShardedLlama(HFCausalLM):
 
 
 class ShardedLoRALlama(ShardedLlama):
-    """The same Llama with LoRA adapters from peft on the attention's q and v projections (the base frozen,
-    B random so that every adapter learns from the first step, dropout on the adapters' input), each
-    decoder layer sharded through peft's wrappers. peft moves each new adapter with ``Module.to()``, which
-    torch 2.13 cannot do to parameters made under ``FakeTensorMode``: the twin used to fail, and the first
-    step ran unchecked on real tensors."""
+    """The Llama saved in ``pretrained``, read by ``from_pretrained``, with LoRA adapters from peft on the
+    attention's q and v projections (the base frozen, B random so that every adapter learns from the first
+    step, dropout on the adapters' input; peft puts the model back in training mode), each decoder layer
+    sharded through peft's wrappers."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, model_type: str = "llama", config: dict | None = None, pretrained: str = "", **kwargs
+    ) -> None:
+        super().__init__(model_type, config, **kwargs)  # learning_rate, weight_decay
         import peft
+        import transformers
 
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(pretrained)
         config = peft.LoraConfig(
             r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.1, init_lora_weights=False
         )
@@ -118,9 +122,12 @@ def trainer_for(callbacks: list, max_steps: int = STEPS) -> L.Trainer:
     return fast_trainer(callbacks, max_steps=max_steps, devices=WORLD, strategy=strategy)
 
 
-def model(lora: bool = False) -> ShardedLlama:
+def model(lora: Path | None = None) -> ShardedLlama:
+    """The Llama of ``LLAMA``; with ``lora``, the one saved there with LoRA adapters."""
     torch.manual_seed(0)
-    return (ShardedLoRALlama if lora else ShardedLlama)("llama", LLAMA)
+    if lora is None:
+        return ShardedLlama("llama", LLAMA)
+    return ShardedLoRALlama("llama", LLAMA, pretrained=str(lora))
 
 
 def loader() -> torch.utils.data.DataLoader:
@@ -141,7 +148,7 @@ def probe(out_dir: Path) -> None:
     (out_dir / f"bounds{trainer.global_rank}.json").write_text(json.dumps(bounds))
 
 
-def fit(out_dir: Path, name: str, budget_bytes: int | None, lora: bool = False) -> None:
+def fit(out_dir: Path, name: str, budget_bytes: int | None, lora: Path | None = None) -> None:
     losses = Losses()
     callback = None if budget_bytes is None else AutoCheckpoint(budget_gb=budget_bytes / 1e9)
     L.seed_everything(0, verbose=False)
@@ -174,6 +181,7 @@ if __name__ == "__main__":
     if mode == "probe":
         probe(out)
     else:
-        fit(out, "capped", int(sys.argv[3]), lora=mode == "lora")
-        fit(out, "plain", None, lora=mode == "lora")
+        pretrained = out / "llama" if mode == "lora" else None
+        fit(out, "capped", int(sys.argv[3]), lora=pretrained)
+        fit(out, "plain", None, lora=pretrained)
     exit_cleanly()

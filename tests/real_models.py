@@ -140,6 +140,17 @@ class LoRALinear(nn.Module):
         return self.base(x) + (x @ self.a.t()) @ self.b.t()
 
 
+class PretrainedLM(PaddedCausalLM):
+    """A causal LM read by ``from_pretrained`` from ``path`` (written there by ``save_pretrained``), as
+    people fine-tune: transformers returns it in eval mode, and Lightning keeps each submodule's mode, so it
+    trains in eval mode (dropout off) unless the user calls ``train()``."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(path)
+
+
 class Qwen2LM(PaddedCausalLM):
     """A tiny Qwen2 from its config on padded batches: full fine-tuning, or LoRA on the attention's q and
     v projections with every other weight frozen (``lora=True``)."""

@@ -334,13 +334,20 @@ def test_a_transformers_llama_sharded_by_decoder_layer_trains_within_the_budget_
 
 
 @needs_distributed
-def test_peft_lora_on_a_sharded_llama_plans_its_first_step_on_the_fake_twin_within_the_budget(tmp_path):
-    """LoRA from peft on the same Llama under FSDP2 (``ShardedLoRALlama``), as in the test above. peft moves
-    each new adapter with ``Module.to()``, which torch 2.13 refuses on parameters made under
-    ``FakeTensorMode``; the twin could not be built, and the first step was profiled on real tensors, not
-    held to the budget: out of memory on step 0 here (2,021,640 B against the cap of 2,000,000). Now the
-    twin builds and every step stays under the cap (3 of 4 layers checkpointed, 48 B over-predicted)."""
+def test_a_pretrained_llama_with_peft_lora_sharded_by_layer_trains_within_the_budget(tmp_path):
+    """The usual fine-tuning: the Llama above saved with ``save_pretrained``, read back in ``__init__`` by
+    ``from_pretrained``, LoRA adapters from peft, FSDP2 as above. The twin failed here before, twice over:
+    ``from_pretrained`` reads real weights from disk under ``FakeTensorMode``, and peft moves each new
+    adapter with ``Module.to()``, which torch 2.13 refuses on parameters made under ``FakeTensorMode``.
+    The first step then ran on real tensors, not held to the budget: out of memory (2,021,640 B against
+    the cap of 2,000,000). Now every step stays under the cap (3 of 4 layers checkpointed, 48 B
+    over-predicted)."""
+    transformers = pytest.importorskip("transformers")
     pytest.importorskip("peft")
+    from fsdp2_hf_script import LLAMA
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).save_pretrained(tmp_path / "llama")
     layers = [f"model.base_model.model.model.layers.{i}" for i in range(4)]
     _assert_sharded_hf_run(tmp_path, "lora", 2_000_000, layers)
 

@@ -15,7 +15,7 @@ import lightning as L
 import pytest
 import torch
 from callback_helpers import assert_within_two_percent, fast_trainer, probe_profile, tiny_gpt, token_loader
-from real_models import PaddedLM, ResNet, image_loader, padded_token_loader
+from real_models import PaddedLM, PretrainedLM, ResNet, hf_model, image_loader, padded_token_loader
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # noqa: PLC2701
 from torch.utils.checkpoint import CheckpointError, checkpoint
@@ -80,6 +80,24 @@ def test_transformers_own_checkpointing_is_taken_over_and_restored(caplog):
     )
     assert model.model.is_gradient_checkpointing  # turned back on after the fit
     assert all(layer.gradient_checkpointing for layer in model.model.transformer.h)
+
+
+def test_a_pretrained_model_left_in_eval_mode_trains_without_its_cache_within_the_budget(tmp_path):
+    """``from_pretrained`` returns the model in eval mode and Lightning trains it so: its KV cache was left
+    on (it was turned off in training mode only), and a checkpointed layer's recomputation met a cache the
+    forward had grown ("The size of tensor a (64) must match the size of tensor b (32)" in backward)."""
+    pytest.importorskip("transformers")
+    hf_model("llama").save_pretrained(tmp_path)
+    profile = probe_profile(PretrainedLM(str(tmp_path)), padded_token_loader())
+    for budget in (fixed_peak_bytes(profile), _middle_budget(profile)):
+        model, data = PretrainedLM(str(tmp_path)), padded_token_loader()
+        assert not model.model.training and model.model.config.use_cache
+        callback, peak = _capped_fit(model, data, budget)
+        assert callback.plan.checkpointed and not model.model.training
+        assert_within_two_percent(callback.plan.predicted_peak_bytes, peak, f"pretrained llama at {budget} B")
+    with torch.no_grad():  # generation after the fit keeps its cache
+        ids, mask = next(iter(data))
+        assert model.model(input_ids=ids, attention_mask=mask).past_key_values is not None
 
 
 class _WrappedGPT(L.LightningModule):

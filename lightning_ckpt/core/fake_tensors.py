@@ -18,11 +18,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lightning_ckpt._compat import FakeTensorMode, default_foreach, tree_map_only
+from lightning_ckpt._compat import FakeTensor, FakeTensorMode, default_foreach, tree_map_only
 from lightning_ckpt.core.memory.optimizer import known_step_bytes, optimizer_step_key
 from lightning_ckpt.core.storage import LiveStorageTracker
 
-__all__ = ["FakeModel", "fake_model", "optimizer_step_extra_bytes"]
+__all__ = ["FakeModel", "fake_model", "made_fake", "optimizer_step_extra_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +59,39 @@ def fake_model(model: nn.Module) -> Iterator[FakeModel]:
     """
     mode = FakeTensorMode()
     slots = _tensor_slots(model)
-    twins: dict[int, torch.Tensor] = {}
-    for _, _, tensor in slots:  # a tensor in two slots (tied weights) gets one twin
-        if id(tensor) not in twins:
-            twins[id(tensor)] = mode.from_tensor(tensor)
+    twins = _twins(slots, mode)
     with _swapped(slots, twins), mode:
         yield FakeModel(mode, twins)
+
+
+def made_fake(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
+    """``model`` with each of its real parameters and buffers replaced, for good, by a fake copy under
+    ``mode`` (tied tensors stay tied): for a model built under ``mode`` whose constructor made real tensors
+    all the same, as transformers' ``from_pretrained`` does reading weights from disk. Those real tensors
+    are then freed with the model's last reference to them.
+
+    Example:
+        >>> mode = FakeTensorMode()
+        >>> tied = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+        >>> tied[1].weight = tied[0].weight
+        >>> fake = made_fake(tied, mode)
+        >>> type(fake[0].weight).__name__, fake[0].weight is fake[1].weight
+        ('FakeTensor', True)
+    """
+    slots = [(table, key, t) for table, key, t in _tensor_slots(model) if not isinstance(t, FakeTensor)]
+    twins = _twins(slots, mode)
+    for table, key, tensor in slots:
+        table[key] = twins[id(tensor)]
+    return model
+
+
+def _twins(slots: list[_Slot], mode: FakeTensorMode) -> dict[int, torch.Tensor]:
+    """``id(tensor)`` to its fake copy under ``mode``: one per tensor, however many slots hold it."""
+    twins: dict[int, torch.Tensor] = {}
+    for _, _, tensor in slots:
+        if id(tensor) not in twins:
+            twins[id(tensor)] = mode.from_tensor(tensor)
+    return twins
 
 
 _Slot = tuple[dict[str, Any], str, torch.Tensor]

@@ -6,9 +6,11 @@ imported here):
 - **KV cache.** A checkpointed decoder layer that writes the cache writes it again when backward recomputes
   it (the cache doubles, masks stop matching the keys, or torch finds a different number of saved
   tensors). :func:`training_without_cache` adds a forward pre-hook to each outermost model whose
-  ``forward`` takes ``use_cache``: while the model is in training mode, ``use_cache=False`` is passed
-  (evaluation and generation in eval mode keep the cache; the no-grad forwards that time the candidates
-  keep none).
+  ``forward`` takes ``use_cache``: ``use_cache=False`` is passed to a forward that trains, one in training
+  mode or with autograd on (a model left in eval mode trains all the same: ``from_pretrained`` returns it
+  so, and Lightning keeps each submodule's mode), and to the measuring forwards of a training step under
+  :func:`training_step_running` (the no-grad forwards that time the candidates). Evaluation and
+  generation, in eval mode without autograd, keep the cache.
 - **Fake-tensor profiles.** transformers cannot read a fake tensor's values, so on fake tensors it takes its
   tracing path: it treats the position ids it made itself (``arange``) as possibly packed sequences and
   builds a full mask, where the real step uses the causal kernel (Llama's profile was 2-4% high).
@@ -29,17 +31,27 @@ Example:
     ([''], False)
     >>> model(torch.ones(1), use_cache=True)
     True
+    >>> with training_without_cache(model.eval()):  # eval mode: off with autograd, kept without it
+    ...     trains = model(torch.ones(1), use_cache=True)
+    ...     with torch.no_grad():
+    ...         generates = model(torch.ones(1), use_cache=True)
+    ...         with training_step_running():
+    ...             measures = model(torch.ones(1), use_cache=True)
+    >>> trains, generates, measures
+    (False, True, False)
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import torch
 import torch.nn as nn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.hooks import RemovableHandle
@@ -50,12 +62,14 @@ from lightning_ckpt.core.names import outermost_matching, strip_wrapper_prefixes
 __all__ = [
     "cache_off_in_training",
     "own_checkpointing_off",
+    "training_step_running",
     "training_without_cache",
     "unpacked_positions_on_fake_tensors",
 ]
 
 log = logging.getLogger(__name__)
 _SAID: set[str] = set()  # model classes whose cache was turned off, said once each
+_STEP_RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar("training_step_running", default=False)
 
 
 @contextlib.contextmanager
@@ -86,8 +100,24 @@ def cache_off_in_training(model: nn.Module) -> tuple[list[str], list[RemovableHa
     return [strip_wrapper_prefixes(name) for name in names], handles
 
 
+@contextlib.contextmanager
+def training_step_running() -> Iterator[None]:
+    """Inside the block, the hooked models run without their cache in any mode: the forwards that measure a
+    training step, the no-grad ones included (see the module docstring)."""
+    token = _STEP_RUNNING.set(True)
+    try:
+        yield
+    finally:
+        _STEP_RUNNING.reset(token)
+
+
+def _trains(module: nn.Module) -> bool:
+    """Whether a forward of ``module`` may be recomputed by a backward, or measures a training step."""
+    return module.training or torch.is_grad_enabled() or _STEP_RUNNING.get()
+
+
 def _no_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
-    if not module.training or kwargs.get("use_cache") is False:
+    if not _trains(module) or kwargs.get("use_cache") is False:
         return None
     config_cache = getattr(getattr(module, "config", None), "use_cache", False)
     if (kwargs.get("use_cache") or config_cache) and type(module).__name__ not in _SAID:

@@ -33,7 +33,7 @@ from lightning_ckpt._compat import (
 )
 from lightning_ckpt.core.candidates import find_candidates
 from lightning_ckpt.core.fake_tensors import FakeModel as FakeTwins
-from lightning_ckpt.core.fake_tensors import optimizer_step_extra_bytes
+from lightning_ckpt.core.fake_tensors import made_fake, optimizer_step_extra_bytes
 from lightning_ckpt.core.hf_models import training_without_cache, unpacked_positions_on_fake_tensors
 from lightning_ckpt.core.memory.static import StaticMemory
 from lightning_ckpt.core.profile_types import StepProfile
@@ -150,7 +150,7 @@ def profile_run_on_fake_tensors(
     mode = FakeTensorMode()
     with mode, fake_module_conversions():  # a constructor may call `.to()` (peft does)
         with _default_dtype(compute_dtype):
-            model = run.model.instantiate()
+            model = made_fake(run.model.instantiate(), mode)  # weights read from disk come out real
             if device_mesh is not None:
                 give_device_mesh(model, device_mesh)
             model.configure_model()  # models that build their layers there (as FSDP runs do)

@@ -17,6 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lightning_ckpt._compat import collect_rng_states, set_rng_states
+from lightning_ckpt.core.hf_models import training_step_running
 
 
 @contextlib.contextmanager
@@ -77,7 +78,7 @@ def training_loss_fn(
     kept: list[torch.Tensor] = []
 
     def step_fn() -> torch.Tensor:
-        with muted_logging(pl_module):
+        with muted_logging(pl_module), training_step_running():  # no KV cache, even under no_grad
             output = _run_training_step(trainer, pl_module, batch, batch_idx)
         loss = output["loss"] if isinstance(output, Mapping) else output
         if not isinstance(loss, torch.Tensor):
