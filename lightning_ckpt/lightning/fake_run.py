@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,9 +148,13 @@ def profile_run_on_fake_tensors(
         )
     master_dtype, compute_dtype = param_dtypes(run)
     mode = FakeTensorMode()
+
+    def build() -> Any:  # weights a constructor reads from disk come out real: made fake
+        return made_fake(run.model.instantiate(), mode)
+
     with mode, fake_module_conversions():  # a constructor may call `.to()` (peft does)
         with _default_dtype(compute_dtype):
-            model = made_fake(run.model.instantiate(), mode)  # weights read from disk come out real
+            model = build()
             if device_mesh is not None:
                 give_device_mesh(model, device_mesh)
             model.configure_model()  # models that build their layers there (as FSDP runs do)
@@ -158,7 +162,9 @@ def profile_run_on_fake_tensors(
         optimizer = _configured_optimizer(model)
         profile = profile_training_step(model, fake_batch, run.precision, targets, optimizer, plugin)
         step_bytes = _optimizer_step_bytes(optimizer, model, mode)
-        options = _op_options(run, model, fake_batch, plugin, profile, compute_dtype) if op_level else {}
+        options = (
+            _op_options(run, build, model, fake_batch, plugin, profile, compute_dtype) if op_level else {}
+        )
     static = static_memory_of(run, FakeModel(model, profile, optimizer, master_dtype, compute_dtype))
     return RunProfile(
         profile=dataclasses.replace(profile, static=static, optimizer_step_bytes=step_bytes),
@@ -171,6 +177,7 @@ def profile_run_on_fake_tensors(
 
 def _op_options(
     run: RunConfig,
+    build: Callable[[], Any],
     model: L.LightningModule,
     batch: Any,
     plugin: Precision | None,
@@ -179,7 +186,7 @@ def _op_options(
 ) -> dict[str, list[OptionCost]]:
     """Each candidate's op-level options, on an unsharded twin where FSDP2 shards the model."""
     with _default_dtype(dtype):
-        twin = unsharded_twin(model, run.model.instantiate)
+        twin = unsharded_twin(model, build)
     names = [m.name for m in profile.modules]
     return fake_options(twin, batch, plugin or precision_plugin(run.precision), names)
 
