@@ -61,6 +61,7 @@ __all__ = [
     "fsdp2_post_forward_mesh_infos",
     "fsdp_policy_classes",
     "give_device_mesh",
+    "grouped_mm_on_fake_tensors",
     "has_composite_implicit_kernel",
     "init_fake_process_group",
     "inner_tensors",
@@ -207,6 +208,63 @@ def _drop_from_fake_memos(tensor: FakeTensor) -> None:
         if isinstance(memo, weakref.WeakValueDictionary):
             for key in [key for key, ref in list(memo.data.items()) if ref() is tensor]:
                 del memo.data[key]
+
+
+_GROUPED_MM = getattr(getattr(torch.ops.aten, "_grouped_mm", None), "default", None)
+"""``aten._grouped_mm`` (torch 2.8-2.13; None before): the experts' matmuls of transformers' mixture-of-experts
+models (Qwen2-MoE, Mixtral, OLMoE...)."""
+
+
+@contextlib.contextmanager
+def grouped_mm_on_fake_tensors() -> Iterator[None]:
+    """While the block runs, ``torch._grouped_mm`` works on fake tensors of any floating dtype, as its CPU and
+    CUDA kernels do (torch 2.9-2.13: bf16 natively, other dtypes by a fallback). Its meta kernel (torch 2.13)
+    still accepts only bf16 ("Expected inputs of BF16 type"), so a mixture-of-experts model in float32, or
+    under bf16-mixed (fp32 weights: transformers casts the experts' input to them), could not be profiled
+    on fake tensors. Here such a call runs the meta kernel on bf16 stand-ins (the same shape and stride
+    checks) and returns its output in the dtype the real kernel returns (``out_dtype``, else the inputs').
+    bf16 calls, and torch without the op, are left as they are. Outputs made meanwhile stay in
+    FakeTensorMode's cache (the same result the real kernel's shape rules give).
+
+    Example:
+        >>> a, b = torch.ones(12, 8), torch.ones(3, 8, 8)
+        >>> offs = torch.tensor([4, 8, 12], dtype=torch.int32)
+        >>> with FakeTensorMode() as mode, grouped_mm_on_fake_tensors():
+        ...     out = torch._grouped_mm(mode.from_tensor(a), mode.from_tensor(b), offs=mode.from_tensor(offs))
+        >>> type(out).__name__, tuple(out.shape), out.dtype
+        ('FakeTensor', (12, 8), torch.float32)
+    """
+    from torch._subclasses import fake_impls
+
+    table = fake_impls.op_implementations_dict
+    if _GROUPED_MM is None or _GROUPED_MM in table:  # no such op, or installed already (nested)
+        yield
+        return
+    table[_GROUPED_MM] = _grouped_mm_in_any_float
+    try:
+        yield
+    finally:
+        table.pop(_GROUPED_MM, None)
+
+
+def _grouped_mm_in_any_float(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """``_grouped_mm``'s meta kernel run on bf16 stand-ins of non-bf16 floating inputs (see above)."""
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    dtype = args[0].dtype
+    if dtype == torch.bfloat16 or not dtype.is_floating_point:
+        return NotImplemented  # torch's own meta kernel: its own checks and errors
+    out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None) or dtype
+
+    def stand_in(value: Any) -> Any:
+        is_input = isinstance(value, torch.Tensor) and value.dtype == dtype
+        return value.to(torch.bfloat16) if is_input else value
+
+    with in_kernel_invocation_manager(fake_mode):
+        out = func(*map(stand_in, args), **{key: stand_in(value) for key, value in kwargs.items()})
+        if out.dtype != out_dtype:
+            out = out.to(out_dtype)
+    return FakeTensor(fake_mode, out, args[0].fake_device)
 
 
 def lightning_device_mesh(pl_module: Any) -> Any:

@@ -175,6 +175,29 @@ class Qwen2LM(PaddedCausalLM):
                 layer.self_attn.v_proj = LoRALinear(layer.self_attn.v_proj)
 
 
+class Qwen2MoeLM(PaddedCausalLM):
+    """A tiny Qwen2-MoE from its config (4 experts, 2 per token, a shared expert) on padded batches: its
+    experts run ``torch._grouped_mm`` (transformers' default on torch 2.9 and later)."""
+
+    def __init__(self, layers: int = 4) -> None:
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        torch.manual_seed(0)
+        config = transformers.Qwen2MoeConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+        self.model = transformers.Qwen2MoeForCausalLM(config)
+
+
 class PeftLoRA(PaddedCausalLM):
     """A tiny Llama from its config with LoRA adapters from the ``peft`` library on the attention's q and v
     projections (``get_peft_model``: the base frozen, its dropout on the adapters' input), as people

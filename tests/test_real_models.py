@@ -15,7 +15,15 @@ import lightning as L
 import pytest
 import torch
 from callback_helpers import assert_within_two_percent, fast_trainer, probe_profile, tiny_gpt, token_loader
-from real_models import PaddedLM, PretrainedLM, ResNet, hf_model, image_loader, padded_token_loader
+from real_models import (
+    PaddedLM,
+    PretrainedLM,
+    Qwen2MoeLM,
+    ResNet,
+    hf_model,
+    image_loader,
+    padded_token_loader,
+)
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper  # noqa: PLC2701
 from torch.utils.checkpoint import CheckpointError, checkpoint
@@ -32,11 +40,11 @@ def _middle_budget(profile) -> int:
     return (fixed_peak_bytes(profile) + predict_peak_bytes(profile, [])) // 2
 
 
-def _capped_fit(model, loader, budget_bytes: int, steps: int = 4) -> tuple[AutoCheckpoint, int]:
+def _capped_fit(model, loader, budget_bytes: int, steps: int = 4, **trainer) -> tuple[AutoCheckpoint, int]:
     """Train ``steps`` steps under a cap equal to the budget; (callback, measured peak bytes)."""
     callback = AutoCheckpoint(budget_gb=budget_bytes / 1e9)
     with memory_cap(budget_bytes, model=model) as cap:
-        fast_trainer([callback], max_steps=steps).fit(model, train_dataloaders=loader)
+        fast_trainer([callback], max_steps=steps, **trainer).fit(model, train_dataloaders=loader)
     return callback, cap.peak_bytes
 
 
@@ -80,6 +88,24 @@ def test_transformers_own_checkpointing_is_taken_over_and_restored(caplog):
     )
     assert model.model.is_gradient_checkpointing  # turned back on after the fit
     assert all(layer.gradient_checkpointing for layer in model.model.transformer.h)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_a_mixture_of_experts_model_is_planned_on_fake_tensors_and_trains_within_the_budget(precision):
+    """Qwen2-MoE's experts run ``torch._grouped_mm``, whose meta kernel takes only bf16 (the real kernels
+    take fp32 too; under bf16-mixed the weights, and so the experts' inputs, are fp32): its step fell back
+    to an unchecked real step 0, out of memory under the cap at the smallest budget."""
+    probe = AutoCheckpoint(budget_gb=1000, measure=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast_trainer([probe], max_steps=1, precision=precision).fit(Qwen2MoeLM(), padded_token_loader())
+    assert not [str(w.message) for w in caught if "does not run on fake tensors" in str(w.message)]
+    for budget in (fixed_peak_bytes(probe.profile), _middle_budget(probe.profile)):
+        callback, peak = _capped_fit(Qwen2MoeLM(), padded_token_loader(), budget, precision=precision)
+        assert callback.plan.checkpointed
+        assert_within_two_percent(
+            callback.plan.predicted_peak_bytes, peak, f"Qwen2-MoE {precision} at {budget} B"
+        )
 
 
 def test_a_pretrained_model_left_in_eval_mode_trains_without_its_cache_within_the_budget(tmp_path):

@@ -18,7 +18,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lightning_ckpt._compat import FakeTensor, FakeTensorMode, default_foreach, tree_map_only
+from lightning_ckpt._compat import (
+    FakeTensor,
+    FakeTensorMode,
+    default_foreach,
+    grouped_mm_on_fake_tensors,
+    tree_map_only,
+)
 from lightning_ckpt.core.memory.optimizer import known_step_bytes, optimizer_step_key
 from lightning_ckpt.core.storage import LiveStorageTracker
 
@@ -60,7 +66,7 @@ def fake_model(model: nn.Module) -> Iterator[FakeModel]:
     mode = FakeTensorMode()
     slots = _tensor_slots(model)
     twins = _twins(slots, mode)
-    with _swapped(slots, twins), mode:
+    with _swapped(slots, twins), mode, grouped_mm_on_fake_tensors():  # mixture-of-experts models in fp32
         yield FakeModel(mode, twins)
 
 

@@ -28,6 +28,7 @@ from lightning_ckpt._compat import (
     FakeTensorMode,
     fake_module_conversions,
     give_device_mesh,
+    grouped_mm_on_fake_tensors,
     tree_leaves,
     tree_map_only,
 )
@@ -152,7 +153,7 @@ def profile_run_on_fake_tensors(
     def build() -> Any:  # weights a constructor reads from disk come out real: made fake
         return made_fake(run.model.instantiate(), mode)
 
-    with mode, fake_module_conversions():  # a constructor may call `.to()` (peft does)
+    with mode, fake_module_conversions(), grouped_mm_on_fake_tensors():  # peft calls `.to()`; MoE in fp32
         with _default_dtype(compute_dtype):
             model = build()
             if device_mesh is not None:
