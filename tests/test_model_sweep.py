@@ -1,0 +1,39 @@
+"""`scripts/model_sweep.py` builds every architecture it lists, each with one block per layer found as
+AutoCheckpoint's candidates (the sweep itself trains them: a command, not a test), and prints a row."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_ckpt import find_candidates
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "model_sweep.py"
+
+
+def _sweep_module():
+    spec = importlib.util.spec_from_file_location("model_sweep", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_listed_architecture_builds_with_its_layers_as_candidates():
+    transformers = pytest.importorskip("transformers")
+    sweep = _sweep_module()
+    for name in sweep.ARCHITECTURES:
+        model = transformers.AutoModelForCausalLM.from_config(sweep.config_of(name))
+        assert len(find_candidates(model)) == 4, name
+
+
+def test_a_row_per_architecture_with_the_counted_peak():
+    pytest.importorskip("transformers")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "Llama"], capture_output=True, text=True, timeout=600, check=True
+    )
+    row = done.stdout.strip().splitlines()[-1]
+    assert row.startswith("Llama ") and row.count(" ckpt ") == 2, done.stdout + done.stderr
