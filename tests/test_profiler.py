@@ -16,7 +16,13 @@ from examples.gpt import GPT
 from lightning_ckpt.core.profile_types import StepProfile
 from lightning_ckpt.core.profiler import profile_step
 from lightning_ckpt.core.storage import LiveStorageTracker
-from lightning_ckpt.core.wrapping import apply_checkpointing, checkpointed_names, checkpointing_removed
+from lightning_ckpt.core.wrapping import (
+    apply_checkpointing,
+    checkpointed_names,
+    checkpointing_removed,
+    remove_checkpointing,
+)
+from lightning_ckpt.planning.peak import predict_peak_bytes
 
 BLOCKS = ["transformer.h.0", "transformer.h.1"]
 F32 = 4
@@ -87,6 +93,50 @@ def test_the_counter_skips_views_and_in_place_ops_and_counts_a_constant_made_fak
         c = torch.tensor([1.0, 2.0])  # 8 bytes: lift_fresh under the fake mode
         views = [a[1:], c[:1]]
     assert (tracker.peak_bytes, tracker.live_bytes) == (1024 + 8 * fake,) * 2, views
+
+
+class _DeadBranch(nn.Module):
+    """A block that also computes an output nothing uses: what that part of its graph saves (sin's input)
+    dies with it in the forward, as in Qwen3-Next's chunked delta rule. (A dead op that saves its own
+    output, as sigmoid does, stays counted: the recorder's pack hook holds the output, whose graph holds
+    the hook's pack, a cycle that only the garbage collector frees; the safe side.)"""
+
+    def __init__(self, dead: bool) -> None:
+        super().__init__()
+        self.linear, self.dead = nn.Linear(64, 64), dead
+
+    def forward(self, x):
+        if self.dead:
+            (self.linear(x) * 3).sin()
+        return self.linear(x).relu()
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["real", "fake"])
+def test_what_a_graph_that_dies_in_the_forward_saved_is_not_an_activation(fake):
+    """Before, its saves counted as the block's activations to the end of the backward: a block
+    checkpointed after them was predicted 4.19 MB under its peak on Qwen3-Next (out of memory under a
+    cap equal to the budget, scripts/model_sweep.py)."""
+    torch.manual_seed(0)
+    blocks = {dead: nn.Sequential(*(_DeadBranch(dead) for _ in range(3))) for dead in (False, True)}
+    x = torch.randn(32, 64)
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    with mode:
+        profiles = {
+            dead: profile_step(m, lambda m=m: m(x).sum(), ["0", "1", "2"], "flops", batch=x)
+            for dead, m in blocks.items()
+        }
+    assert [m.activation_bytes for m in profiles[True].modules] == [
+        m.activation_bytes for m in profiles[False].modules
+    ]
+    model, names = blocks[True], ["0", "1", "2"]
+    for checkpointed in ([], ["1"], names):
+        apply_checkpointing(model, checkpointed)
+        with LiveStorageTracker(existing=[*model.parameters(), x]) as tracker:
+            model(x).sum().backward()
+        remove_checkpointing(model)
+        model.zero_grad(set_to_none=True)
+        predicted = predict_peak_bytes(profiles[True], checkpointed, zero_grad="before_forward")
+        assert predicted == tracker.peak_bytes, checkpointed
 
 
 def test_parameters_and_buffers_are_not_activations():

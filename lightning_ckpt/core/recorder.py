@@ -224,11 +224,17 @@ class Recorder:
         return row
 
     def _forget(self, key: int) -> None:
-        """The row's storage is freed: its key may name another storage from now on."""
+        """The row's storage is freed: its key may name another storage from now on. Freed before the
+        backward, its saves were made by a part of the graph that died in the forward (an output nothing
+        used, as Qwen3-Next's chunked delta rule makes): nothing unpacks them, so they hold nothing past
+        the storage's life, which the phases' measured peaks already count. Its inputs stay: a checkpoint
+        of a candidate it was given to keeps it."""
         row = self._live_rows.pop(key, None)
         if row is not None:
             self._set_unsaved(row, False)
             row.key = None
+            if not self.in_backward:
+                row.saves.clear()
 
     def _pre_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
