@@ -128,15 +128,15 @@ def test_nested_points_solve_as_enumeration_does():
 
 def test_points_count_a_storage_alive_anyway_once_as_the_replay_does():
     """An input given to every block that nothing saves and the model holds to the forward's peak (see
-    ``tests/test_recompute_bytes.py``, which measures it): the forward's phase lists it as alive anyway,
+    ``tests/test_recompute_bytes.py``, which measures it): the forward's end lists it as alive anyway,
     and the points and the replay agree on every kept set."""
     from test_recompute_bytes import _Model
 
     model, x = _Model("alive_anyway"), torch.randn(64, 32)
     names = [f"blocks.{i}" for i in range(3)]
     profile = profile_step(model, lambda: model(x), names, "flops", batch=x)
-    (forward,) = [phase for phase in profile.phases if phase.forward and not phase.if_checkpointed]
-    (bias,) = [profile.storages[k] for k in forward.alive_anyway]
+    _blocks, end = [phase for phase in profile.phases if phase.forward and not phase.if_checkpointed]
+    (bias,) = [profile.storages[k] for k in end.alive_anyway]  # the forward's end, where its peak is
     assert (bias.nbytes, bias.saves, [name for name, _ in bias.inputs]) == (8192, (), names)
     points = peak_points(profile)
     for kept in itertools.product([False, True], repeat=3):

@@ -42,7 +42,7 @@ from lightning_ckpt.core.profile_types import (
     SavedStorage,
     StepProfile,
 )
-from lightning_ckpt.core.recorder import Recorder
+from lightning_ckpt.core.recorder import FORWARD_END, Recorder
 from lightning_ckpt.core.storage import local_bytes, storage_key, storage_of, unique_storage_bytes
 from lightning_ckpt.core.timing import timed_forwards
 from lightning_ckpt.core.working_sets import forward_working_sets
@@ -329,7 +329,7 @@ def _phases(storages: tuple[SavedStorage, ...], recorder: Recorder) -> tuple[Bac
             time,
             key[1] if isinstance(key, tuple) else None,
             int(peaks[key] - alive),
-            forward=key is None,
+            forward=key is None or key == FORWARD_END,
             grad_bytes=int(tracker.phase_total_peak_bytes.get(key, 0) - peaks[key]),
             entry_extra_bytes=int(tracker.phase_entry_bytes.get(key, peaks[key]) - alive),
             alive_anyway=recorder.alive_anyway(tracker.phase_watched.get(key, ()), time),

@@ -25,6 +25,11 @@ from lightning_ckpt._compat import autocast_enabled, tree_leaves
 from lightning_ckpt.core.storage import LiveStorageTracker, storage_key, storage_of
 from lightning_ckpt.core.wrapping import running_stat_buffers
 
+FORWARD_END = "forward end"
+"""The phase of the forward after every candidate has returned (the model's head and the loss): measured
+apart from the candidates' part of the forward, since what is alive anyway there differs (a mask every
+block takes is freed once the last block returns, unless a checkpoint keeps it)."""
+
 
 @dataclass
 class StorageRow:
@@ -154,6 +159,7 @@ class Recorder:
         self.in_backward = False  # set by `start_backward` when the forward has returned the loss
         self._counting_flops = contextlib.ExitStack()
         self.recomputed: set[str] = set()  # candidates called again in the backward (checkpointed already)
+        self._called: set[str] = set()  # candidates called in the forward so far
         self._live_rows: dict[int, StorageRow] = {}
         self._unsaved: dict[int, StorageRow] = {}  # live rows given to a candidate, not saved yet (by key)
         self._unsaved_now: tuple[StorageRow, ...] | None = ()  # `_unsaved`'s rows (None: to make again)
@@ -242,6 +248,9 @@ class Recorder:
                 self.recomputed.add(name)
                 return
             seq = self._next()
+            self._called.add(name)
+            if self.tracker.phase == FORWARD_END:  # not after all: a candidate runs again
+                self.tracker.enter_phase(None)
             taken = [row for row in map(self._row, tree_leaves((args, kwargs))) if row is not None]
             own = {id(row) for row in taken}
             self.call_unsaved.append(tuple(row for row in self.unsaved_inputs() if id(row) not in own))
@@ -268,6 +277,8 @@ class Recorder:
                     self.recompute_extra[name] = max(self.recompute_extra[name], recompute)
                     self.flops[name] += self.flop_counter.get_total_flops() - call.flops_at_entry
                     break
+            if not self.stack and len(self._called) == len(self.modules):
+                self.tracker.enter_phase(FORWARD_END)  # the forward's end (the head, the loss), apart
 
         return hook
 
