@@ -136,8 +136,27 @@ def test_points_count_a_storage_alive_anyway_once_as_the_replay_does():
     names = [f"blocks.{i}" for i in range(3)]
     profile = profile_step(model, lambda: model(x), names, "flops", batch=x)
     _blocks, end = [phase for phase in profile.phases if phase.forward and not phase.if_checkpointed]
-    (bias,) = [profile.storages[k] for k in end.alive_anyway]  # the forward's end, where its peak is
+    anyway = [profile.storages[k] for k in end.alive_anyway]  # the forward's end, where its peak is
+    (bias,) = [storage for storage in anyway if not storage.saves]  # and the last block's output, held
     assert (bias.nbytes, bias.saves, [name for name, _ in bias.inputs]) == (8192, (), names)
+    points = peak_points(profile)
+    for kept in itertools.product([False, True], repeat=3):
+        check_points(profile, points, kept)
+
+
+def test_points_count_a_returned_storage_the_caller_holds_once_as_the_replay_does():
+    """A block returns what its softmax saved and the caller holds it through the next block's call, as
+    Bloom's loop holds attention weights (see ``tests/test_recompute_bytes.py``, which measures it), the
+    last block's to the forward's end: the points that see it held list it as alive anyway, and the points and the replay agree on every kept set."""
+    from test_recompute_bytes import _Model
+
+    model, x = _Model("held_output"), torch.randn(64, 32)
+    names = [f"blocks.{i}" for i in range(3)]
+    profile = profile_step(model, lambda: model(x), names, "flops", batch=x)
+    anyway = {k for phase in profile.phases if phase.forward for k in phase.alive_anyway}
+    weights = [profile.storages[k] for k in anyway if profile.storages[k].nbytes == 32768]
+    owners = sorted(owner for storage in weights for owner, _ in storage.saves[:1])
+    assert owners == names  # the last block's held through the head
     points = peak_points(profile)
     for kept in itertools.product([False, True], repeat=3):
         check_points(profile, points, kept)

@@ -282,12 +282,12 @@ def _checkpointed_forwards(
         BackwardPhase(
             seq,
             name,
-            live - held + working[name],
+            live - held + working[name] + recorder.held_saved_bytes(watched, seq),
             forward=True,
             if_checkpointed=True,
-            alive_anyway=recorder.alive_anyway(unsaved, seq),
+            alive_anyway=recorder.alive_anyway(watched, seq),
         )
-        for (seq, name, live), held, unsaved in zip(starts, saved, recorder.call_unsaved, strict=True)
+        for (seq, name, live), held, watched in zip(starts, saved, recorder.call_unsaved, strict=True)
     )
 
 
@@ -324,15 +324,17 @@ def _phases(storages: tuple[SavedStorage, ...], recorder: Recorder) -> tuple[Bac
     keys = list(peaks)
     times = [key[0] if isinstance(key, tuple) else math.inf for key in keys]
     saved = alive_bytes(storages, times, checkpointed=())
+    watched = [tracker.phase_watched.get(key, ((), ())) for key in keys]
+    held = [recorder.held_saved_bytes(rows, time) for rows, time in zip(watched, times, strict=True)]
     return tuple(
         BackwardPhase(
             time,
             key[1] if isinstance(key, tuple) else None,
-            int(peaks[key] - alive),
+            int(peaks[key] - alive + held_saved),
             forward=key is None or key == FORWARD_END,
             grad_bytes=int(tracker.phase_total_peak_bytes.get(key, 0) - peaks[key]),
             entry_extra_bytes=int(tracker.phase_entry_bytes.get(key, peaks[key]) - alive),
-            alive_anyway=recorder.alive_anyway(tracker.phase_watched.get(key, ()), time),
+            alive_anyway=recorder.alive_anyway(rows, time),
         )
-        for key, time, alive in zip(keys, times, saved, strict=True)
+        for key, time, alive, rows, held_saved in zip(keys, times, saved, watched, held, strict=True)
     )

@@ -3,10 +3,11 @@
 Module pre/post hooks keep a stack of the active candidates (the innermost wins); saved-tensor hooks
 record every saved storage with its owner and a forward sequence number; during the backward, unpacking
 a saved tensor tells which forward point the backward has reached (its "phase"), so that the live-memory
-peak of each phase can be measured. At each phase's peak it also notes the storages given to a candidate
-that nothing has saved yet and that are alive anyway (the model's own code holds them, as a decoder
-holds its mask): they are in the phase's measured peak already, and a checkpoint that keeps them adds
-nothing there.
+peak of each phase can be measured. At each phase's peak it also notes the storages alive there whatever
+is checkpointed, because the model's own code holds them: those given to a candidate that nothing has
+saved yet (as a decoder holds its mask), and those a candidate returned that its caller still holds,
+saved or not (as Bloom's loop holds a block's attention weights through the next block's call). They
+count once there, in the phase's measured extra: a checkpoint that keeps or drops them changes nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_ckpt._compat import autocast_enabled, tree_leaves
-from lightning_ckpt.core.storage import LiveStorageTracker, storage_key, storage_of
+from lightning_ckpt.core.step_tracker import StepTracker
+from lightning_ckpt.core.storage import storage_key, storage_of
 from lightning_ckpt.core.wrapping import running_stat_buffers
 
 FORWARD_END = "forward end"
@@ -44,73 +46,20 @@ class StorageRow:
     """An autocast cast of a trainable parameter (see ``SavedStorage.forward_cached``)."""
 
 
-class StepTracker(LiveStorageTracker):
-    """The live-storage counter of a profiled step, which also keeps apart:
+class _Packed:
+    """What the saved-tensor pack hook returns: the tensor and where it was saved. A saved view is kept as
+    an alias of its storage that is not a view, and a tensor a candidate returns becomes one once it
+    returns it (:meth:`Recorder._watch_returned`): so a returned object (a view's base included) lives
+    only as long as the model's code holds it."""
 
-    - gradients that have landed in ``param.grad`` (:meth:`land`): they leave ``live_bytes`` for
-      ``grad_bytes``; ``phase_total_peak_bytes[phase]`` is the most of both together while that phase
-      was current (``phase_peak_bytes`` is the most of ``live_bytes`` alone), and
-      ``phase_entry_bytes[phase]`` the ``live_bytes`` when the phase was first entered;
-    - windows (:meth:`open_window`, :meth:`close_window`): the peak live bytes since a window opened, to
-      measure what a module's forward holds only while it runs;
-    - what ``watched`` (a callable, if set) returns at each phase's peak: ``phase_watched[phase]``.
-    """
+    __slots__ = ("__weakref__", "owner", "seq", "tensor")
 
-    def __init__(self, cast_sources: frozenset[int]) -> None:
-        super().__init__(cast_sources)
-        self.watched: Any = None
-        self.phase_watched: dict[Any, Any] = {}
-        self.grad_bytes = 0
-        self.phase_total_peak_bytes: dict[Any, int] = {}
-        self.phase_entry_bytes: dict[Any, int] = {}
-        self._grads: dict[int, int] = {}
-        self._windows: list[int] = []
+    def __init__(self, seq: int | None, owner: str | None, tensor: torch.Tensor) -> None:
+        self.seq, self.owner, self.tensor = seq, owner, tensor
 
-    def land(self, grad: Any) -> None:
-        storage = storage_of(grad)
-        key = None if storage is None else storage_key(storage)
-        with self._lock:
-            nbytes = self._tracked.pop(key, None)
-            if nbytes is None:  # accumulated in place into an earlier gradient, or not made in the mode
-                return
-            self._grads[key] = nbytes
-            self.live_bytes -= nbytes
-            self.grad_bytes += nbytes
 
-    def enter_phase(self, phase: Any) -> None:
-        """Make ``phase`` current (a point of the backward)."""
-        with self._lock:
-            self.phase = phase
-            self.phase_entry_bytes.setdefault(phase, self.live_bytes)
-            self._note_total()
-
-    def open_window(self) -> None:
-        self._windows.append(self.live_bytes)
-
-    def window_peak_bytes(self) -> int:
-        """The peak live bytes since the innermost open window opened."""
-        return self._windows[-1]
-
-    def close_window(self) -> int:
-        """The peak live bytes since the window opened."""
-        return self._windows.pop()
-
-    def _grow(self, nbytes: int) -> None:
-        before = self.phase_peak_bytes.get(self.phase)
-        super()._grow(nbytes)
-        if self.watched is not None and (before is None or self.live_bytes > before):
-            self.phase_watched[self.phase] = self.watched()
-        self._windows[:] = [max(peak, self.live_bytes) for peak in self._windows]
-        self._note_total()
-
-    def _note_total(self) -> None:
-        total = self.phase_total_peak_bytes.get(self.phase, 0)
-        self.phase_total_peak_bytes[self.phase] = max(total, self.live_bytes + self.grad_bytes)
-
-    def _release(self, key: int) -> None:
-        with self._lock:
-            self.grad_bytes -= self._grads.pop(key, 0)
-        super()._release(key)
+Watched = tuple[tuple[StorageRow, ...], tuple[StorageRow, ...]]
+"""What a point notes as alive anyway: (inputs nothing has saved yet, returned storages the caller holds)."""
 
 
 @dataclass
@@ -151,7 +100,7 @@ class Recorder:
         self.tracker = StepTracker(cast_sources=_storage_keys(self.params))  # autocast caches their casts
         self.recompute_extra: dict[str, int] = dict.fromkeys(modules, 0)  # see `_Call.recompute_bytes`
         self.call_starts: list[tuple[int, str, int]] = []  # (sequence, candidate, live bytes) at each call
-        self.call_unsaved: list[tuple[StorageRow, ...]] = []  # per call: `unsaved_inputs` then, less its own
+        self.call_unsaved: list[Watched] = []  # per call: `watched` then, less its own inputs
         self.seq = 0
         self.stack: list[_Call] = []  # the active candidates' calls, innermost last
         self.rows: list[StorageRow] = []
@@ -162,30 +111,43 @@ class Recorder:
         self._called: set[str] = set()  # candidates called in the forward so far
         self._live_rows: dict[int, StorageRow] = {}
         self._unsaved: dict[int, StorageRow] = {}  # live rows given to a candidate, not saved yet (by key)
-        self._unsaved_now: tuple[StorageRow, ...] | None = ()  # `_unsaved`'s rows (None: to make again)
+        self._held: dict[int, list] = {}  # returned rows the caller holds: id(row) -> [row, objects alive]
+        self._packs: dict[int, list[weakref.ref[_Packed]]] = {}  # id(tensor) -> the packs holding it
+        self._watched_now: Watched | None = ((), ())  # `watched`'s answer (None: to make again)
         self._saved_index: dict[int, int] | None = None  # see `alive_anyway`
-        self.tracker.watched = self.unsaved_inputs
+        self.tracker.watched = self.watched
 
-    def unsaved_inputs(self) -> tuple[StorageRow, ...]:
-        """The live storages given to a candidate as inputs that nothing has saved yet (alive anyway)."""
-        if self._unsaved_now is None:
-            self._unsaved_now = tuple(self._unsaved.values())
-        return self._unsaved_now
+    def watched(self) -> Watched:
+        """What the model's code holds alive now of the storages the memory model follows: the storages
+        given to a candidate as inputs that nothing has saved yet, and those a candidate returned that the
+        caller still holds."""
+        if self._watched_now is None:
+            held = tuple(row for row, _ in self._held.values() if row.key is not None)
+            self._watched_now = (tuple(self._unsaved.values()), held)
+        return self._watched_now
 
-    def alive_anyway(self, rows: tuple[StorageRow, ...], time: float) -> tuple[int, ...]:
-        """Of ``rows`` (noted at a point of forward time ``time``), the indices in :meth:`saved_rows` of
-        those not saved by then, so counted in the point's extra: a checkpoint that keeps them holds
-        nothing more there. Called once the recording is over."""
+    def alive_anyway(self, watched: Watched, time: float) -> tuple[int, ...]:
+        """Of the rows ``watched`` (noted at a point of forward time ``time``), the indices in
+        :meth:`saved_rows` of those the point's extra counts (see :meth:`held_saved_bytes`): a checkpoint
+        that keeps or drops them changes nothing there. Called once the recording is over."""
+        index = self._index()
+        unsaved, held = watched
+        rows = [row for row in unsaved if not any(seq <= time for _, seq in row.saves)] + list(held)
+        return tuple(sorted({index[id(row)] for row in rows if id(row) in index}))
+
+    def held_saved_bytes(self, watched: Watched, time: float) -> int:
+        """The bytes of the rows ``watched`` holds as returned storages that are also saved by ``time``:
+        a point's measured peak less the saved bytes alive there leaves them out, and its extra counts them."""
+        index = self._index()
+        _, held = watched
+        return sum(
+            row.nbytes for row in held if id(row) in index and any(seq <= time for _, seq in row.saves)
+        )
+
+    def _index(self) -> dict[int, int]:
         if self._saved_index is None:
             self._saved_index = {id(row): i for i, row in enumerate(self.saved_rows())}
-        index = self._saved_index
-        return tuple(
-            sorted(
-                index[id(row)]
-                for row in rows
-                if id(row) in index and not any(seq <= time for _, seq in row.saves)
-            )
-        )
+        return self._saved_index
 
     def _set_unsaved(self, row: StorageRow, unsaved: bool) -> None:
         if unsaved and row.key is not None and row.key not in self._unsaved:
@@ -194,7 +156,35 @@ class Recorder:
             del self._unsaved[row.key]
         else:
             return
-        self._unsaved_now = None
+        self._watched_now = None
+
+    def _watch_returned(self, output: Any) -> None:
+        """Follow each tensor a candidate returns whose storage is followed: from now on it is alive anyway
+        for as long as the model's code holds the returned object (or a view of it). The packs holding that
+        object get an alias of its storage instead, so that only the code's references keep it."""
+        for tensor in {id(t): t for t in tree_leaves(output) if isinstance(t, torch.Tensor)}.values():
+            storage = storage_of(tensor)
+            row = None if storage is None else self._live_rows.get(storage_key(storage))
+            if row is None:
+                continue
+            packs = [ref() for ref in self._packs.pop(id(tensor), ())]
+            packs = [pack for pack in packs if pack is not None and pack.tensor is tensor]
+            if packs:
+                alias = tensor.detach()
+                for pack in packs:
+                    pack.tensor = alias
+            entry = self._held.setdefault(id(row), [row, 0])
+            entry[1] += 1
+            weakref.finalize(tensor, self._dropped_by_caller, row).atexit = False
+            self._watched_now = None
+
+    def _dropped_by_caller(self, row: StorageRow) -> None:
+        entry = self._held.get(id(row))
+        if entry is not None and entry[0] is row:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._held[id(row)]
+            self._watched_now = None
 
     def saved_rows(self) -> list[StorageRow]:
         """The rows of storages saved for backward or given to a candidate, less those resized in place:
@@ -206,6 +196,7 @@ class Recorder:
         """The forward has returned the loss: stop counting flops (the flop counter's module tracker would
         keep a recomputation's tensors alive to the end of the backward) and recording forward calls."""
         self.in_backward = True
+        self._packs.clear()
         self._counting_flops.close()
         if _autocast_caches():  # the backward runs inside autocast: its cache holds the casts to the end
             for row in self.rows:
@@ -253,7 +244,9 @@ class Recorder:
                 self.tracker.enter_phase(None)
             taken = [row for row in map(self._row, tree_leaves((args, kwargs))) if row is not None]
             own = {id(row) for row in taken}
-            self.call_unsaved.append(tuple(row for row in self.unsaved_inputs() if id(row) not in own))
+            self.call_unsaved.append(
+                tuple(tuple(row for row in rows if id(row) not in own) for rows in self.watched())
+            )
             for row in taken:
                 row.inputs.append((name, seq))
                 self._set_unsaved(row, not row.saves)
@@ -269,6 +262,7 @@ class Recorder:
             if self.in_backward:
                 return
             self._next()
+            self._watch_returned(output)
             while self.stack:  # always_call: also runs when the forward raised
                 call = self.stack.pop()
                 self.tracker.close_window()
@@ -282,9 +276,9 @@ class Recorder:
 
         return hook
 
-    def _pack(self, tensor: torch.Tensor) -> tuple[int | None, str | None, torch.Tensor]:
+    def _pack(self, tensor: torch.Tensor) -> _Packed:
         if self.in_backward:  # saved by a recomputation in the backward: not a forward save
-            return None, None, tensor
+            return _Packed(None, None, tensor)
         seq = self._next()
         call = self.stack[-1] if self.stack else None
         owner, caching = (None, False) if call is None else (call.name, call.autocast_caches)
@@ -297,13 +291,17 @@ class Recorder:
             self._set_unsaved(row, False)
             if caching and storage is not None and storage_key(storage) in self.tracker.casts:
                 row.forward_cached = True  # autocast's cache holds it to the end of the forward
-        return seq, owner, tensor
+        if row is not None and tensor._base is not None:  # a view holds its base: keep the storage only
+            return _Packed(seq, owner, tensor.detach())
+        packed = _Packed(seq, owner, tensor)
+        if row is not None:
+            self._packs.setdefault(id(tensor), []).append(weakref.ref(packed))
+        return packed
 
-    def _unpack(self, packed: tuple[int | None, str | None, torch.Tensor]) -> torch.Tensor:
-        seq, owner, tensor = packed
-        if seq is not None and self.tracker.phase != (seq, owner):
-            self.tracker.enter_phase((seq, owner))
-        return tensor
+    def _unpack(self, packed: _Packed) -> torch.Tensor:
+        if packed.seq is not None and self.tracker.phase != (packed.seq, packed.owner):
+            self.tracker.enter_phase((packed.seq, packed.owner))
+        return packed.tensor
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[Recorder]:

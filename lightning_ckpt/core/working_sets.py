@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lightning_ckpt.core.recorder import StepTracker
+from lightning_ckpt.core.step_tracker import StepTracker
 from lightning_ckpt.core.timing import block_kind, inputs_kind, nested
 
 __all__ = ["forward_working_sets"]
