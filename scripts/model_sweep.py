@@ -1,16 +1,20 @@
-"""Try AutoCheckpoint on many transformers causal LMs built from tiny configs, each under a memory cap
-equal to its budget (the CPU stand-in of a GPU with that much memory).
+"""Try AutoCheckpoint on many transformers language models built from tiny configs (decoders, encoders
+and encoder-decoders), each under a memory cap equal to its budget (the CPU stand-in of a GPU with that
+much memory).
 
 Run from the repository root (CPU, a few minutes; nothing downloaded)::
 
     python scripts/model_sweep.py                      # every architecture below
     python scripts/model_sweep.py Llama Bloom --precision bf16-mixed
+    python scripts/model_sweep.py --family seq2seq    # T5 and BART only
 
 Per architecture, in its own process: one probe step at a budget of 1000 GB (the step's profile), then
 3 steps at the least budget (every block checkpointed) and 3 at the middle of least and unchecked, each
 under ``memory_cap`` equal to the budget. A row shows the blocks checkpointed, the predicted peak, the
 peak counted under the cap and their ratio, or the out-of-memory error; ``warnings`` are the callback's.
-The batches are 4 x 32 tokens, padded after a random length (made before the cap).
+The batches are 4 x 32 tokens, padded after a random length (made before the cap); the labels are the
+tokens (a causal LM shifts them, an encoder-decoder's decoder takes them shifted, a masked LM predicts
+them where it sees them: the loss is not the point, the memory of the step is).
 """
 
 from __future__ import annotations
@@ -26,7 +30,17 @@ ARCHITECTURES = (
     "Qwen3Moe Mixtral Olmo Olmo2 Olmoe StableLm Cohere Granite Starcoder2 SmolLM3 GptOss "
     "Llama4Text Qwen3Next Jamba Mamba FalconMamba"
 ).split()
-"""``<name>Config`` in transformers, each with ``AutoModelForCausalLM``."""
+"""Decoders: ``<name>Config`` in transformers, each with ``AutoModelForCausalLM``."""
+ENCODERS = "Bert Roberta Electra ModernBert".split()
+"""Encoders, with ``AutoModelForMaskedLM``."""
+SEQ2SEQ = "T5 Bart".split()
+"""Encoder-decoders, with ``AutoModelForSeq2SeqLM``: their encoder's and their decoder's blocks are candidates."""
+FAMILIES = {"causal": ARCHITECTURES, "masked": ENCODERS, "seq2seq": SEQ2SEQ}
+_AUTO = {
+    "causal": "AutoModelForCausalLM",
+    "masked": "AutoModelForMaskedLM",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+}
 
 _COMMON = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -37,6 +51,12 @@ _COMMON = dict(
 _SPECIAL = {
     "Falcon": {"head_dim": None},  # a property there
     "GPTJ": {"rotary_dim": 8},  # its default (64) is wider than a head of 16
+    "ModernBert": {"cls_token_id": 1, "sep_token_id": 2},  # its defaults are past a vocabulary of 256
+    "T5": {"d_ff": 128, "d_kv": 16, "num_decoder_layers": 4, "decoder_start_token_id": 0},
+    "Bart": {
+        "decoder_layers": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+        "decoder_start_token_id": 2,
+    },
 }  # fmt: skip
 
 
@@ -59,16 +79,34 @@ def _loader():
     return DataLoader(TensorDataset(ids * mask, mask), batch_size=4)
 
 
+def family_of(name: str) -> str:
+    """``"causal"``, ``"masked"`` or ``"seq2seq"``: which of ``FAMILIES`` lists architecture ``name``.
+
+    Raises:
+        ValueError: for a name no family lists.
+    """
+    for family, names in FAMILIES.items():
+        if name in names:
+            return family
+    raise ValueError(f"`models` must be architectures of {sorted(FAMILIES)}, got {name!r}")
+
+
+def model_of(name: str):
+    """Architecture ``name``'s model, from its tiny config, with the auto class of its family."""
+    import transformers
+
+    return getattr(transformers, _AUTO[family_of(name)]).from_config(config_of(name))
+
+
 def _module(name: str):
     import lightning as L
     import torch
-    import transformers
 
-    class CausalLM(L.LightningModule):
+    class LanguageModel(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             torch.manual_seed(0)
-            self.model = transformers.AutoModelForCausalLM.from_config(config_of(name))
+            self.model = model_of(name)
 
         def training_step(self, batch, batch_idx):
             ids, mask = batch
@@ -79,7 +117,7 @@ def _module(name: str):
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    return CausalLM()
+    return LanguageModel()
 
 
 def _fit(name: str, precision: str, budget_bytes: int, cap: bool):
@@ -128,10 +166,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python scripts/model_sweep.py", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("models", nargs="*", default=ARCHITECTURES, help="architectures (all by default)")
+    parser.add_argument("models", nargs="*", help="architectures (default: every one of --family)")
+    parser.add_argument(
+        "--family", choices=[*FAMILIES, "all"], default="causal", help="which list to run (causal)"
+    )
     parser.add_argument("--precision", default="32-true", help="Lightning precision (32-true)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not args.models:
+        args.models = [n for f, names in FAMILIES.items() if args.family in (f, "all") for n in names]
+    for name in args.models:
+        try:
+            family_of(name)
+        except ValueError as error:
+            parser.error(str(error))
     if args.child:
         print(json.dumps(sweep_one(args.models[0], args.precision)))
         return 0

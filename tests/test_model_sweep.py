@@ -23,11 +23,20 @@ def _sweep_module():
 
 
 def test_every_listed_architecture_builds_with_its_layers_as_candidates():
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     sweep = _sweep_module()
-    for name in sweep.ARCHITECTURES:
-        model = transformers.AutoModelForCausalLM.from_config(sweep.config_of(name))
-        assert len(find_candidates(model)) == 4, name
+    for family, names in sweep.FAMILIES.items():
+        for name in names:  # an encoder-decoder: its encoder's 4 blocks and its decoder's 4
+            assert len(find_candidates(sweep.model_of(name))) == (8 if family == "seq2seq" else 4), name
+
+
+def test_an_unknown_architecture_is_refused_by_name():
+    done = subprocess.run([sys.executable, str(SCRIPT), "Nope"], capture_output=True, text=True, timeout=120)
+    assert (
+        done.returncode == 2
+        and "`models` must be architectures of" in done.stderr
+        and "'Nope'" in done.stderr
+    )
 
 
 def test_a_row_per_architecture_with_the_counted_peak():

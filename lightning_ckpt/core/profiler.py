@@ -333,7 +333,7 @@ def _phases(storages: tuple[SavedStorage, ...], recorder: Recorder) -> tuple[Bac
             int(peaks[key] - alive + held_saved),
             forward=key is None or key == FORWARD_END,
             grad_bytes=int(tracker.phase_total_peak_bytes.get(key, 0) - peaks[key]),
-            entry_extra_bytes=int(tracker.phase_entry_bytes.get(key, peaks[key]) - alive),
+            entry_extra_bytes=int(tracker.phase_entry_bytes.get(key, peaks[key]) - alive + held_saved),
             alive_anyway=recorder.alive_anyway(rows, time),
         )
         for key, time, alive, rows, held_saved in zip(keys, times, saved, watched, held, strict=True)
