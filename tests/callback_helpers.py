@@ -83,7 +83,7 @@ def block_names(model: GPT) -> list[str]:
     return [f"transformer.h.{i}" for i in range(len(model.transformer.h))]
 
 
-def probe_profile(model: L.LightningModule, loader: DataLoader):
+def probe_profile(model: L.LightningModule, loader: DataLoader, **trainer):
     """The step profile AutoCheckpoint makes at the shapes of the first batch of ``loader``: a 2-step fit
     on that batch twice, no cap (a first batch whose length is not a power of two is planned at its own
     shapes on the second step)."""
@@ -92,7 +92,7 @@ def probe_profile(model: L.LightningModule, loader: DataLoader):
     probe = AutoCheckpoint(budget_gb=1000, measure=False)
     batch = next(iter(loader))
     twice = DataLoader([batch, batch], batch_size=None)
-    fast_trainer([probe], max_steps=2).fit(model, train_dataloaders=twice)
+    fast_trainer([probe], max_steps=2, **trainer).fit(model, train_dataloaders=twice)
     return probe.profile
 
 

@@ -24,3 +24,14 @@ def test_transformers_vision_models_train_within_the_budget_as_predicted(kind):
         assert callback.plan.checkpointed
         assert peak <= callback.plan.predicted_peak_bytes <= budget
         assert_within_two_percent(callback.plan.predicted_peak_bytes, peak, f"{kind} at {budget} B")
+
+
+@pytest.mark.parametrize("kind", ["resnet", "swin"])
+def test_vision_models_under_bf16_mixed_fit_the_advised_minimum(kind):
+    """CPU autocast feeds BatchNorm (ResNet) and LayerNorm (Swin) bf16 activations with float32 weights:
+    their saved statistics are float32, and the fake profile must count them so."""
+    profile = probe_profile(HFVision(kind), image_loader(), precision="bf16-mixed")
+    budget = fixed_peak_bytes(profile)
+    callback, peak = _capped_fit(HFVision(kind), image_loader(), budget, steps=3, precision="bf16-mixed")
+    assert peak <= callback.plan.predicted_peak_bytes <= budget
+    assert_within_two_percent(callback.plan.predicted_peak_bytes, peak, f"{kind} bf16-mixed at {budget} B")

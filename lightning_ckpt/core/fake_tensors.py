@@ -25,6 +25,7 @@ from lightning_ckpt._compat import (
     grouped_mm_on_fake_tensors,
     tree_map_only,
 )
+from lightning_ckpt.core.fake_mode import CpuKernelFakeTensorMode
 from lightning_ckpt.core.memory.optimizer import known_step_bytes, optimizer_step_key
 from lightning_ckpt.core.storage import LiveStorageTracker
 
@@ -63,7 +64,7 @@ def fake_model(model: nn.Module) -> Iterator[FakeModel]:
         >>> type(model.weight).__name__
         'Parameter'
     """
-    mode = FakeTensorMode()
+    mode = CpuKernelFakeTensorMode()  # CPU kernels' dtypes for mixed-dtype norms
     slots = _tensor_slots(model)
     twins = _twins(slots, mode)
     with _swapped(slots, twins), mode, grouped_mm_on_fake_tensors():  # mixture-of-experts models in fp32

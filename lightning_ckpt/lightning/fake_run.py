@@ -33,6 +33,7 @@ from lightning_ckpt._compat import (
     tree_map_only,
 )
 from lightning_ckpt.core.candidates import find_candidates
+from lightning_ckpt.core.fake_mode import CpuKernelFakeTensorMode
 from lightning_ckpt.core.fake_tensors import FakeModel as FakeTwins
 from lightning_ckpt.core.fake_tensors import made_fake, optimizer_step_extra_bytes
 from lightning_ckpt.core.hf_models import training_without_cache, unpacked_positions_on_fake_tensors
@@ -148,7 +149,7 @@ def profile_run_on_fake_tensors(
             " sharded over it (plan_offline makes one on a fake process group)"
         )
     master_dtype, compute_dtype = param_dtypes(run)
-    mode = FakeTensorMode()
+    mode = CpuKernelFakeTensorMode()  # CPU kernels' dtypes for mixed-dtype norms
 
     def build() -> Any:  # weights a constructor reads from disk come out real: made fake
         return made_fake(run.model.instantiate(), mode)

@@ -1,0 +1,74 @@
+"""``FakeTensorMode`` whose outputs have the dtypes the real kernels give them.
+
+On CPU, a normalization whose input is bf16 or fp16 and whose parameters are float32 (what autocast
+leaves behind: a bf16 activation into a float32 LayerNorm, BatchNorm or GroupNorm) saves its statistics
+(mean and rstd) in float32. torch's fake kernels for these ops (``torch._refs.native_layer_norm``, the
+batch-norm decompositions, the group-norm meta kernel; torch 2.13) cast them to the input dtype on CPU,
+so a profile on fake tensors under-counted each such saved statistic by half. Given float32 statistics,
+the group-norm backward's fake kernel then returns a float32 gradient that autograd casts back, a
+temporary the real kernel never makes. This mode corrects both after torch's dispatch cache, which so
+keeps torch's own results for any other mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lightning_ckpt._compat import FakeTensorMode
+
+__all__ = ["CpuKernelFakeTensorMode"]
+
+_aten = torch.ops.aten
+_NORMS_WITH_STATISTICS = frozenset(
+    {
+        _aten.native_layer_norm.default,
+        _aten.native_group_norm.default,
+        _aten.native_batch_norm.default,
+        _aten._native_batch_norm_legit.default,
+        _aten._native_batch_norm_legit.no_stats,
+        _aten._native_batch_norm_legit_no_training.default,
+    }
+)
+"""Ops whose outputs 1 and 2 are the saved mean and rstd (invstd) and whose tensor arguments after the
+input are its parameters (weight, bias, running statistics)."""
+
+_GROUP_NORM_BACKWARD = _aten.native_group_norm_backward.default
+"""Its fake kernel (torch 2.13) gives the input's gradient the dtype of float32 statistics, not of the input."""
+
+_REDUCED_FLOATS = (torch.bfloat16, torch.float16)
+
+
+class CpuKernelFakeTensorMode(FakeTensorMode):
+    """A ``FakeTensorMode`` whose mixed-dtype CPU normalizations save float32 statistics, as the real
+    kernels do (``param_scalar_type`` in ATen's CPU layer, group and batch norm), and whose group-norm
+    backward gives the input's gradient the input's dtype, as every kernel does.
+
+    Example:
+        >>> x, weight, bias = torch.ones(4, 8, dtype=torch.bfloat16), torch.ones(8), torch.zeros(8)
+        >>> with CpuKernelFakeTensorMode() as mode:
+        ...     out, mean, rstd = torch.ops.aten.native_layer_norm(
+        ...         mode.from_tensor(x), [8], mode.from_tensor(weight), mode.from_tensor(bias), 1e-5
+        ...     )
+        >>> out.dtype, mean.dtype, torch.ops.aten.native_layer_norm(x, [8], weight, bias, 1e-5)[1].dtype
+        (torch.bfloat16, torch.float32, torch.float32)
+    """
+
+    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().dispatch(func, types, args, kwargs or {})
+        if func in _NORMS_WITH_STATISTICS and _mixed_on_cpu(args):
+            return (out[0], out[1].float(), out[2].float(), *out[3:])
+        if func is _GROUP_NORM_BACKWARD and out[0] is not None and out[0].dtype != args[1].dtype:
+            return (out[0].to(args[1].dtype), *out[1:])
+        return out
+
+
+def _mixed_on_cpu(args: Any) -> bool:
+    """Whether a normalization's input is a reduced float on CPU and one of its parameters is float32."""
+    first, *rest = args
+    return (
+        first.device.type == "cpu"
+        and first.dtype in _REDUCED_FLOATS
+        and any(isinstance(arg, torch.Tensor) and arg.dtype == torch.float32 for arg in rest)
+    )
