@@ -8,9 +8,11 @@ attention would be.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -126,3 +128,12 @@ def exit_cleanly() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def script_module(name: str):
+    """``scripts/<name>.py`` loaded as a module (the scripts are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,28 +3,21 @@ AutoCheckpoint's candidates (the sweep itself trains them: a command, not a test
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from callback_helpers import script_module
 
 from lightning_ckpt import find_candidates
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "model_sweep.py"
 
 
-def _sweep_module():
-    spec = importlib.util.spec_from_file_location("model_sweep", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_listed_architecture_builds_with_its_layers_as_candidates():
     pytest.importorskip("transformers")
-    sweep = _sweep_module()
+    sweep = script_module("model_sweep")
     for family, names in sweep.FAMILIES.items():
         for name in names:  # an encoder-decoder: its encoder's 4 blocks and its decoder's 4
             assert len(find_candidates(sweep.model_of(name))) == (8 if family == "seq2seq" else 4), name
