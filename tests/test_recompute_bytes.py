@@ -9,7 +9,8 @@ the same input freed once the last block returns, before a head whose temporary 
 checkpoint keeps that input: the forward's end is a phase of its own (it was 4,096 B under). And a block
 that returns what its softmax saved, which the caller holds through the next block's call (as Bloom's loop
 holds attention weights): alive there whatever is checkpointed (32,768 B under with the block checkpointed,
-before the recorder followed returned tensors)."""
+before the recorder followed returned tensors). And a block whose output only its own ReLU saves, taken by
+the next block's add (which saves nothing) while that block's temporary makes the peak."""
 
 from __future__ import annotations
 
@@ -33,8 +34,12 @@ class _Block(nn.Module):
         self.norm = nn.BatchNorm1d(width) if kind == "batchnorm" else nn.Identity()
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        unsaved = self.kind in ("unsaved_input", "alive_anyway", "freed_before_head")
+        unsaved = self.kind in ("unsaved_input", "alive_anyway", "freed_before_head", "relu_output")
         mixed = x + bias if unsaved else x * bias  # the add saves nothing, the mul both
+        if (
+            self.kind == "relu_output"
+        ):  # only its own ReLU saves the output; the next block's add saves nothing
+            return torch.relu(self.linear(mixed))
         h = torch.tanh(self.norm(self.linear(mixed)))
         if self.kind == "late_temporary":  # after the last save: cat and sum save nothing
             return torch.cat([h] * 8).view(8, *h.shape).sum(0)
@@ -86,7 +91,15 @@ def _measured_peak_bytes(model: nn.Module, x: torch.Tensor, checkpointed: list[s
 
 @pytest.mark.parametrize(
     "kind",
-    ["unsaved_input", "batchnorm", "late_temporary", "alive_anyway", "freed_before_head", "held_output"],
+    [
+        "unsaved_input",
+        "batchnorm",
+        "late_temporary",
+        "alive_anyway",
+        "freed_before_head",
+        "held_output",
+        "relu_output",
+    ],
 )
 def test_every_checkpointing_choice_is_predicted_to_the_byte(kind):
     model, x = _Model(kind), torch.randn(64, 32, requires_grad=False)
