@@ -51,6 +51,36 @@ def test_fake_outputs_have_the_dtype_shape_and_stride_of_the_cpu_kernels(norm, i
     assert _layout(fake) == _layout(real)
 
 
+def _layer_norm_backward(grad, x, w, b, m, v):
+    _, mean, rstd = aten.native_layer_norm(x, [6], w[:6], b[:6], 1e-5)
+    return aten.native_layer_norm_backward(grad, x, [6], mean, rstd, w[:6], b[:6], [True] * 3)
+
+
+def _batch_norm_backward(grad, x, w, b, m, v):
+    _, mean, invstd = aten.native_batch_norm(x, w, b, m.clone(), v.clone(), True, 0.1, 1e-5)
+    return aten.native_batch_norm_backward(grad, x, w, m, v, mean, invstd, True, 1e-5, [True] * 3)
+
+
+LAYOUTS = {"contiguous": lambda t: t, "transposed": lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)}
+
+
+@pytest.mark.parametrize("op", [_layer_norm_backward, _batch_norm_backward, NORMS["batch-train"]])
+@pytest.mark.parametrize("grad_layout", LAYOUTS)
+@pytest.mark.parametrize("input_layout", LAYOUTS)
+@pytest.mark.parametrize("input_dtype", [torch.bfloat16, torch.float32])
+def test_gradients_and_batch_norm_outputs_have_the_strides_of_the_cpu_kernels(
+    op, grad_layout, input_layout, input_dtype
+):
+    """A LayerNorm over a permuted input (Swin) gets a contiguous input gradient from the CPU kernel, and a
+    batch norm its output in the input's suggested memory format; the fake kernels followed the strides."""
+    x, grad = (LAYOUTS[layout](t.to(input_dtype)) for layout, t in ((input_layout, X), (grad_layout, X + 1)))
+    args = (grad, x, W, B, MEAN, VAR) if op is not NORMS["batch-train"] else (x, W, B, MEAN, VAR)
+    real = op(*args)
+    with CpuKernelFakeTensorMode() as mode:
+        fake = op(*(mode.from_tensor(t) for t in args))
+    assert _layout(fake) == _layout(real)
+
+
 class _HeadNorms(nn.Module):
     """A block whose bf16 matmul output goes into float32 norms: a masked-LM head, a conv with BatchNorm."""
 

@@ -6,7 +6,9 @@ leaves behind: a bf16 activation into a float32 LayerNorm, BatchNorm or GroupNor
 batch-norm decompositions, the group-norm meta kernel; torch 2.13) cast them to the input dtype on CPU,
 so a profile on fake tensors under-counted each such saved statistic by half. Given float32 statistics,
 the group-norm backward's fake kernel then returns a float32 gradient that autograd casts back, a
-temporary the real kernel never makes. This mode corrects both after torch's dispatch cache, which so
+temporary the real kernel never makes. And their batch-norm outputs and layer-norm input gradients follow
+the strides of a permuted input, where the CPU kernels lay them out contiguous (a copy that a later view
+then makes on fake tensors only). This mode corrects these after torch's dispatch cache, which so
 keeps torch's own results for any other mode.
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-from lightning_ckpt._compat import FakeTensorMode
+from lightning_ckpt._compat import FakeTensorMode, suggest_memory_format
 
 __all__ = ["CpuKernelFakeTensorMode"]
 
@@ -37,13 +39,27 @@ input are its parameters (weight, bias, running statistics)."""
 _GROUP_NORM_BACKWARD = _aten.native_group_norm_backward.default
 """Its fake kernel (torch 2.13) gives the input's gradient the dtype of float32 statistics, not of the input."""
 
+_INPUT_OF_FIRST_OUTPUT = {
+    **dict.fromkeys(
+        _NORMS_WITH_STATISTICS - {_aten.native_layer_norm.default, _aten.native_group_norm.default}, 0
+    ),
+    _aten.native_batch_norm_backward.default: 1,
+    _aten.native_layer_norm_backward.default: 1,
+}
+"""Ops whose first output (the normalized input, or its gradient) the CPU kernel lays out in the memory
+format ATen suggests for the input (argument at the index given): batch norm (``suggest_memory_format``)
+and the layer-norm backward (always contiguous). Their fake kernels follow the input's or the incoming
+gradient's strides instead, and a ``view`` of a permuted one then makes a copy the real step never makes
+(Swin: the gradient of a LayerNorm over a transposed input)."""
+
 _REDUCED_FLOATS = (torch.bfloat16, torch.float16)
 
 
 class CpuKernelFakeTensorMode(FakeTensorMode):
     """A ``FakeTensorMode`` whose mixed-dtype CPU normalizations save float32 statistics, as the real
-    kernels do (``param_scalar_type`` in ATen's CPU layer, group and batch norm), and whose group-norm
-    backward gives the input's gradient the input's dtype, as every kernel does.
+    kernels do (``param_scalar_type`` in ATen's CPU layer, group and batch norm), whose group-norm
+    backward gives the input's gradient the input's dtype, as every kernel does, and whose batch-norm
+    outputs and layer-norm input gradients on CPU have the real kernels' strides.
 
     Example:
         >>> x, weight, bias = torch.ones(4, 8, dtype=torch.bfloat16), torch.ones(8), torch.zeros(8)
@@ -58,10 +74,23 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = super().dispatch(func, types, args, kwargs or {})
         if func in _NORMS_WITH_STATISTICS and _mixed_on_cpu(args):
-            return (out[0], out[1].float(), out[2].float(), *out[3:])
+            out = (out[0], out[1].float(), out[2].float(), *out[3:])
         if func is _GROUP_NORM_BACKWARD and out[0] is not None and out[0].dtype != args[1].dtype:
-            return (out[0].to(args[1].dtype), *out[1:])
+            out = (out[0].to(args[1].dtype), *out[1:])
+        if func in _INPUT_OF_FIRST_OUTPUT and out[0] is not None and out[0].device.type == "cpu":
+            out = (_in_kernel_format(out[0], func, args[_INPUT_OF_FIRST_OUTPUT[func]]), *out[1:])
         return out
+
+
+def _in_kernel_format(output: torch.Tensor, func: Any, input: torch.Tensor) -> torch.Tensor:
+    """``output`` laid out as the CPU kernel of ``func`` lays it out for ``input``."""
+    layer_norm = func is _aten.native_layer_norm_backward.default
+    memory_format = torch.contiguous_format if layer_norm else suggest_memory_format(input)
+    return (
+        output
+        if output.is_contiguous(memory_format=memory_format)
+        else output.contiguous(memory_format=memory_format)
+    )
 
 
 def _mixed_on_cpu(args: Any) -> bool:
