@@ -1,13 +1,14 @@
-"""Compare, op by op, a training step of the model sweep's architectures on real and on fake tensors.
+"""Compare, op by op, a training step of 41 models on real and on fake tensors.
 
 AutoCheckpoint profiles a step on fake tensors: where a fake kernel gives an output another dtype, shape or
 stride than the real kernel, the profile is off by the difference. Run from the repository root (CPU,
-about a minute for all; nothing downloaded)::
+about three minutes for all; nothing downloaded)::
 
-    python scripts/fake_audit.py                          # every sweep architecture, fp32 and bf16-mixed
+    python scripts/fake_audit.py                          # every model below, fp32 and bf16-mixed
     python scripts/fake_audit.py Bert Bart --precision bf16-mixed
 
-A row per architecture and precision: the ops each run dispatched, the ops dispatched by both whose
+The models: the model sweep's 37 architectures and ``OTHERS`` (Swin, ResNet, ``nn.TransformerEncoder``,
+the example GPT). A row per model and precision: the ops each run dispatched, the ops dispatched by both whose
 outputs differ (the op, its outputs' layouts real -> fake), and the ops only one run made. The latter are
 transformers' data-dependent checks (``mask.all()``, which it skips on fake tensors, taking its general
 path): a few small tensors, on the safe side.
@@ -32,9 +33,9 @@ def _sweep():
     return module
 
 
-def op_layouts(model, ids, mask, precision: str) -> list[tuple]:
-    """``(op, output layouts)`` of each op one step of ``model`` dispatches (``prim`` ops and ``.item()``
-    left out: no memory)."""
+def op_layouts(model, loss_of, batch, precision: str) -> list[tuple]:
+    """``(op, output layouts)`` of each op one step (``loss_of(model, batch)``, its backward) dispatches
+    (``prim`` ops and ``.item()`` left out: no memory)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -52,7 +53,7 @@ def op_layouts(model, ids, mask, precision: str) -> list[tuple]:
 
     bf16 = precision == "bf16-mixed"
     with Log(), torch.autocast("cpu", torch.bfloat16, enabled=bf16, cache_enabled=False):
-        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        loss = loss_of(model, batch)
     with Log():
         loss.backward()
     model.zero_grad(set_to_none=True)
@@ -67,23 +68,76 @@ def _layout(tensor) -> tuple:
     return str(tensor.dtype), tuple(tensor.shape), strides
 
 
+def _language_model(name: str) -> tuple:
+    import torch
+
+    ids = torch.randint(3, 200, (4, 32))
+    mask = (torch.arange(32) < torch.tensor([[20], [32], [25], [30]])).long()
+
+    def loss_of(model, batch):
+        ids, mask = batch
+        return model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+
+    return _sweep().model_of(name), (ids * mask, mask), loss_of
+
+
+def _vision(kind: str) -> tuple:
+    import torch
+    import transformers
+
+    if kind == "Swin":
+        config = transformers.SwinConfig(
+            image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4
+        )
+    else:
+        config = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1])
+    model = getattr(transformers, f"{kind}ForImageClassification")(config)
+    return model, torch.randn(2, 3, 32, 32), lambda m, b: m(pixel_values=b).logits.float().square().mean()
+
+
+def _torch_encoder() -> tuple:
+    import torch
+    from torch import nn
+
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+    model = nn.Sequential(nn.Embedding(100, 64), nn.TransformerEncoder(layer, 3, enable_nested_tensor=False))
+    return model, torch.randint(0, 100, (4, 16)), lambda m, b: m(b).float().square().mean()
+
+
+def _example_gpt() -> tuple:
+    import torch
+
+    sys.path.insert(0, str(_SWEEP.parents[1]))
+    from examples.gpt import GPT
+
+    model = GPT(vocab_size=100, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    return model, torch.randint(0, 100, (4, 16)), lambda m, b: m(b)[0].float().square().mean()
+
+
+OTHERS = {
+    "Swin": lambda: _vision("Swin"),
+    "ResNet": lambda: _vision("ResNet"),
+    "TransformerEncoder": _torch_encoder,
+    "ExampleGPT": _example_gpt,
+}
+"""Models beside the sweep's language models: transformers' vision models (LayerNorm over permuted
+inputs, BatchNorm), ``torch.nn.TransformerEncoder`` and this project's example GPT."""
+
+
 def audit(name: str, precision: str) -> dict:
-    """The real and the fake step of architecture ``name`` compared (see the module docstring)."""
+    """The real and the fake step of model ``name`` (a sweep architecture, or one of ``OTHERS``)
+    compared (see the module docstring)."""
     import torch
 
     from lightning_ckpt.core.fake_tensors import fake_model
     from lightning_ckpt.core.hf_models import training_without_cache
 
     torch.manual_seed(0)
-    model = _sweep().model_of(name)
-    ids = torch.randint(3, 200, (4, 32))
-    mask = (torch.arange(32) < torch.tensor([[20], [32], [25], [30]])).long()
-    ids = ids * mask
+    model, batch, loss_of = OTHERS[name]() if name in OTHERS else _language_model(name)
     with training_without_cache(model):  # as AutoCheckpoint trains it (Jamba's cache fails without)
-        real = op_layouts(model, ids, mask, precision)
+        real = op_layouts(model, loss_of, batch, precision)
         with fake_model(model) as fake:
-            fake_ids, fake_mask = fake.fake((ids, mask))
-            fake_rows = op_layouts(model, fake_ids, fake_mask, precision)
+            fake_rows = op_layouts(model, loss_of, fake.fake(batch), precision)
     report = {
         "ops_real": len(real),
         "ops_fake": len(fake_rows),
@@ -109,31 +163,31 @@ def audit(name: str, precision: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     sweep = _sweep()
     parser = argparse.ArgumentParser(prog="python scripts/fake_audit.py", description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", help="architectures (default: every one of the model sweep)")
+    parser.add_argument("models", nargs="*", help="architectures (default: the sweep's and OTHERS)")
     parser.add_argument(
         "--precision", choices=["32-true", "bf16-mixed"], help="one precision (default: both)"
     )
     args = parser.parse_args(argv)
     for name in args.models:
         try:
-            sweep.family_of(name)
+            name in OTHERS or sweep.family_of(name)
         except ValueError as error:
-            parser.error(str(error))
+            parser.error(f"{error} or of {sorted(OTHERS)}")
     warnings.simplefilter("ignore")
-    for name in args.models or [n for names in sweep.FAMILIES.values() for n in names]:
+    for name in args.models or [*(n for names in sweep.FAMILIES.values() for n in names), *OTHERS]:
         for precision in [args.precision] if args.precision else ["32-true", "bf16-mixed"]:
             try:
                 report = audit(name, precision)
             except Exception as error:  # the model's own failure in a plain loop
-                print(f"{name:<12} {precision:<10} failed: {type(error).__name__}: {str(error)[:100]}")
+                print(f"{name:<18} {precision:<10} failed: {type(error).__name__}: {str(error)[:100]}")
                 continue
             print(
-                f"{name:<12} {precision:<10} {report['ops_real']} ops real, {report['ops_fake']} fake:"
+                f"{name:<18} {precision:<10} {report['ops_real']} ops real, {report['ops_fake']} fake:"
                 f" {len(report['differ'])} differ, {len(report['only_real'])} only real,"
                 f" {len(report['only_fake'])} only fake"
             )
             for op, real, fake in report["differ"]:
-                print(f"{'':<12} {op}: {real} -> {fake}")
+                print(f"{'':<18} {op}: {real} -> {fake}")
     return 0
 
 

@@ -28,3 +28,15 @@ def test_an_unknown_architecture_is_refused_by_name(capsys):
     with pytest.raises(SystemExit) as exit_info:
         script_module("fake_audit").main(["Nope"])
     assert exit_info.value.code == 2 and "'Nope'" in capsys.readouterr().err
+
+
+def test_swins_layer_norm_gradient_keeps_the_cpu_kernels_strides(monkeypatch):
+    """Swin's LayerNorm over a transposed input: the real kernel's input gradient is contiguous, torch's
+    fake one followed the strides (and a view of it then copied on fake tensors only)."""
+    pytest.importorskip("transformers")
+    audit = script_module("fake_audit").audit
+    assert audit("Swin", "32-true")["differ"] == []
+    monkeypatch.setattr(fake_tensors, "CpuKernelFakeTensorMode", FakeTensorMode)  # torch 2.13's kernels
+    report = audit("Swin", "32-true")
+    assert "aten.native_layer_norm_backward.default" in [op for op, _, _ in report["differ"]], report
+    assert report["only_fake"].count("aten.clone.default") >= 1, report
