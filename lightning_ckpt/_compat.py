@@ -20,7 +20,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
-from torch._prims_common import suggest_memory_format  # torch 2.4-2.13: ATen's rule, in Python
+from torch._prims_common import suggest_memory_format  # torch 2.13 (private): ATen's rule, in Python
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily  # torch 2.4-2.13
 from torch.nn.modules.batchnorm import _NormBase  # torch 2.4-2.13: BatchNorm/InstanceNorm base
 from torch.utils._python_dispatch import (  # torch 2.4-2.13 (the last two: wrapper subclasses, DTensor)

@@ -10,8 +10,8 @@ about three minutes for all; nothing downloaded)::
 The models: the model sweep's 37 architectures and ``OTHERS`` (Swin, ResNet, ``nn.TransformerEncoder``,
 the example GPT). A row per model and precision: the ops each run dispatched, the ops dispatched by both whose
 outputs differ (the op, its outputs' layouts real -> fake), and the ops only one run made. The latter are
-transformers' data-dependent checks (``mask.all()``, which it skips on fake tensors, taking its general
-path): a few small tensors, on the safe side.
+transformers' data-dependent checks (``mask.all()``, which it cannot read on fake tensors, taking its
+general path): on the safe side, a few small tensors, or a mask the real step skips (BART's decoder).
 """
 
 from __future__ import annotations

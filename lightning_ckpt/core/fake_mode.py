@@ -39,18 +39,17 @@ input are its parameters (weight, bias, running statistics)."""
 _GROUP_NORM_BACKWARD = _aten.native_group_norm_backward.default
 """Its fake kernel (torch 2.13) gives the input's gradient the dtype of float32 statistics, not of the input."""
 
-_INPUT_OF_FIRST_OUTPUT = {
-    **dict.fromkeys(
-        _NORMS_WITH_STATISTICS - {_aten.native_layer_norm.default, _aten.native_group_norm.default}, 0
-    ),
-    _aten.native_batch_norm_backward.default: 1,
-    _aten.native_layer_norm_backward.default: 1,
+_BATCH_NORMS = _NORMS_WITH_STATISTICS - {_aten.native_layer_norm.default, _aten.native_group_norm.default}
+_FIRST_OUTPUT_FORMAT = {
+    **dict.fromkeys(_BATCH_NORMS, lambda args: suggest_memory_format(args[0])),
+    _aten.native_batch_norm_backward.default: lambda args: suggest_memory_format(args[1]),
+    _aten.native_layer_norm_backward.default: lambda args: torch.contiguous_format,
 }
-"""Ops whose first output (the normalized input, or its gradient) the CPU kernel lays out in the memory
-format ATen suggests for the input (argument at the index given): batch norm (``suggest_memory_format``)
-and the layer-norm backward (always contiguous). Their fake kernels follow the input's or the incoming
-gradient's strides instead, and a ``view`` of a permuted one then makes a copy the real step never makes
-(Swin: the gradient of a LayerNorm over a transposed input)."""
+"""Per op, the memory format its CPU kernel gives its first output (the normalized input, or the input's
+gradient), from its arguments: batch norm the one ATen suggests for the input, the layer-norm backward
+always contiguous. Their fake kernels follow the input's or the incoming gradient's strides instead, and
+a ``view`` of a permuted one then makes a copy the real step never makes (Swin: the gradient of a
+LayerNorm over a transposed input)."""
 
 _REDUCED_FLOATS = (torch.bfloat16, torch.float16)
 
@@ -77,20 +76,9 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
             out = (out[0], out[1].float(), out[2].float(), *out[3:])
         if func is _GROUP_NORM_BACKWARD and out[0] is not None and out[0].dtype != args[1].dtype:
             out = (out[0].to(args[1].dtype), *out[1:])
-        if func in _INPUT_OF_FIRST_OUTPUT and out[0] is not None and out[0].device.type == "cpu":
-            out = (_in_kernel_format(out[0], func, args[_INPUT_OF_FIRST_OUTPUT[func]]), *out[1:])
+        if func in _FIRST_OUTPUT_FORMAT and out[0] is not None and out[0].device.type == "cpu":
+            out = (out[0].contiguous(memory_format=_FIRST_OUTPUT_FORMAT[func](args)), *out[1:])
         return out
-
-
-def _in_kernel_format(output: torch.Tensor, func: Any, input: torch.Tensor) -> torch.Tensor:
-    """``output`` laid out as the CPU kernel of ``func`` lays it out for ``input``."""
-    layer_norm = func is _aten.native_layer_norm_backward.default
-    memory_format = torch.contiguous_format if layer_norm else suggest_memory_format(input)
-    return (
-        output
-        if output.is_contiguous(memory_format=memory_format)
-        else output.contiguous(memory_format=memory_format)
-    )
 
 
 def _mixed_on_cpu(args: Any) -> bool:

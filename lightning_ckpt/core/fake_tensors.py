@@ -64,7 +64,7 @@ def fake_model(model: nn.Module) -> Iterator[FakeModel]:
         >>> type(model.weight).__name__
         'Parameter'
     """
-    mode = CpuKernelFakeTensorMode()  # CPU kernels' dtypes for mixed-dtype norms
+    mode = CpuKernelFakeTensorMode()  # norms' outputs as the CPU kernels make them
     slots = _tensor_slots(model)
     twins = _twins(slots, mode)
     with _swapped(slots, twins), mode, grouped_mm_on_fake_tensors():  # mixture-of-experts models in fp32
