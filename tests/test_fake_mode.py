@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from lightning_ckpt._compat import FakeTensor, FakeTensorMode
 from lightning_ckpt.core.fake_mode import CpuKernelFakeTensorMode
 from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.profiler import profile_step
@@ -117,3 +118,76 @@ def test_a_fake_profile_under_cpu_autocast_predicts_every_plan_as_the_real_profi
     for count in range(len(names) + 1):
         for checkpointed in itertools.combinations(names, count):
             assert predict_peak_bytes(profile, checkpointed) == predict_peak_bytes(real, checkpointed)
+
+
+VIEWS = {
+    "view": lambda x: x.view(4, 48),
+    "t": lambda x: x[0].t(),
+    "transpose": lambda x: x.transpose(0, 2),
+    "detach": lambda x: x.detach(),
+    "permute": lambda x: x.permute(2, 0, 1),
+    "expand": lambda x: x[:, :1].expand(4, 5, 6),
+    "select": lambda x: x[1],
+    "slice": lambda x: x[:, 2:7:2],
+    "unsqueeze": lambda x: x.unsqueeze(1),
+    "squeeze": lambda x: x[:, :1].squeeze(1),
+    "as_strided": lambda x: x.as_strided((3, 3), (7, 2), 5),
+    "split": lambda x: x.split(3, dim=1),
+    "unbind": lambda x: x.unbind(2),
+    "view of a slice": lambda x: x[:, 2:4].view(4, 12),
+}
+
+
+def _view_layouts(outputs, base):
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return [
+        (type(outputs).__name__, t.dtype, t.device, tuple(t.shape), t.stride(), t.storage_offset())
+        for t in outputs
+    ], all(t.untyped_storage()._cdata == base.untyped_storage()._cdata for t in outputs)
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_views_run_on_aten_kernels_with_the_real_layout_and_the_input_storage(view):
+    """Views take ATen's C++ kernels, not torch's cache and Python references: the same shape, strides,
+    offset and storage as a real view, and FakeTensorMode's cache neither hit nor filled."""
+    real = torch.randn(4, 8, 6)
+    with CpuKernelFakeTensorMode() as mode:
+        fake = mode.from_tensor(real)
+        before = (FakeTensorMode.cache_hits, FakeTensorMode.cache_misses, dict(FakeTensorMode.cache_bypasses))
+        out = VIEWS[view](fake)
+        after = (FakeTensorMode.cache_hits, FakeTensorMode.cache_misses, dict(FakeTensorMode.cache_bypasses))
+    outputs = out if isinstance(out, (list, tuple)) else [out]
+    assert all(isinstance(t, FakeTensor) and t.fake_mode is mode for t in outputs)
+    assert _view_layouts(out, fake)[0] == _view_layouts(VIEWS[view](real), real)[0]
+    assert _view_layouts(out, fake)[1]  # they alias the input's storage, as a real view does
+    assert after == before
+
+
+def test_views_torch_must_make_take_its_own_way():
+    """A view of a constant (torch propagates its value), of a fake tensor of another mode, and a view
+    that cannot be made keep torch's behaviour."""
+    with CpuKernelFakeTensorMode() as mode:
+        constant = torch.tensor([3.0])  # lifted: a fake tensor with its (one) value as a constant
+        assert constant.constant is not None
+        assert [v.constant.tolist() for v in (constant.view(1, 1), constant.detach())] == [[[3.0]], [3.0]]
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            mode.from_tensor(torch.randn(4, 6)).t().view(24)
+    with CpuKernelFakeTensorMode() as other:
+        foreign = other.from_tensor(torch.randn(4, 6))
+    with pytest.raises(Exception, match="[Mm]ode"):
+        with CpuKernelFakeTensorMode():
+            foreign.view(24)
+
+
+def test_a_fake_step_under_autograd_keeps_views_aliased():
+    """Saved views (autograd's detach of each saved tensor, a weight's transpose) share their base's
+    storage: a fake profile counts each storage once, as the real one does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 6))
+    x = torch.randn(4, 8, 6)
+    real = profile_step(model, lambda: model(x).square().mean(), ["0", "2"], "flops")
+    with fake_model(model) as fake:
+        fake_x = fake.fake(x)
+        faked = profile_step(model, lambda: model(fake_x).square().mean(), ["0", "2"], "flops")
+    assert [m.activation_bytes for m in faked.modules] == [m.activation_bytes for m in real.modules]
+    assert faked.storages == real.storages and faked.phases == real.phases
