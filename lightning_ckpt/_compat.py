@@ -21,7 +21,12 @@ from typing import Any
 
 import torch
 from torch._prims_common import suggest_memory_format  # torch 2.13 (private): ATen's rule, in Python
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily  # torch 2.4-2.13
+from torch._subclasses.fake_tensor import (  # torch 2.4-2.13 (the manager: FakeTensors run as meta ones)
+    FakeTensor,
+    FakeTensorMode,
+    in_kernel_invocation_manager,
+    unset_fake_temporarily,
+)
 from torch.nn.modules.batchnorm import _NormBase  # torch 2.4-2.13: BatchNorm/InstanceNorm base
 from torch.utils._python_dispatch import (  # torch 2.4-2.13 (the last two: wrapper subclasses, DTensor)
     TorchDispatchMode,
@@ -64,6 +69,7 @@ __all__ = [
     "give_device_mesh",
     "grouped_mm_on_fake_tensors",
     "has_composite_implicit_kernel",
+    "in_kernel_invocation_manager",
     "init_fake_process_group",
     "inner_tensors",
     "is_traceable_wrapper_subclass",
@@ -251,8 +257,6 @@ def grouped_mm_on_fake_tensors() -> Iterator[None]:
 
 def _grouped_mm_in_any_float(fake_mode: FakeTensorMode, func: Any, *args: Any, **kwargs: Any) -> Any:
     """``_grouped_mm``'s meta kernel run on bf16 stand-ins of non-bf16 floating inputs (see above)."""
-    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
-
     dtype = args[0].dtype
     if dtype == torch.bfloat16 or not dtype.is_floating_point:
         return NotImplemented  # torch's own meta kernel: its own checks and errors

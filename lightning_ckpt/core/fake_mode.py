@@ -27,7 +27,13 @@ from typing import Any
 
 import torch
 
-from lightning_ckpt._compat import FakeTensor, FakeTensorMode, suggest_memory_format
+from lightning_ckpt._compat import (
+    FakeTensor,
+    FakeTensorMode,
+    has_composite_implicit_kernel,
+    in_kernel_invocation_manager,
+    suggest_memory_format,
+)
 
 __all__ = ["CpuKernelFakeTensorMode"]
 
@@ -110,8 +116,6 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
         """``func``'s output from ATen's view kernel run on the fake tensors' meta data, on the input's
         device: the shape, strides and storage the real kernel gives (torch's own dispatch where that
         kernel is missing)."""
-        from torch._subclasses.fake_tensor import in_kernel_invocation_manager  # torch 2.4-2.13
-
         try:
             with in_kernel_invocation_manager(self):
                 out = func(*args, **kwargs)
@@ -135,12 +139,11 @@ def _plain_view(func: Any) -> bool:
     plain = _VIEWS.get(func)
     if plain is None:
         plain = _VIEWS[func] = (
-            isinstance(func, torch._ops.OpOverload)
+            getattr(func, "is_view", False) is True  # an op overload's schema (not a packet's)
             and func.namespace == "aten"
             and func is not _aten.lift_fresh.default  # a real tensor's fake twin: torch makes it
-            and func.is_view
             and torch.Tag.inplace_view not in func.tags
-            and not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+            and not has_composite_implicit_kernel(func)
         )
     return plain
 
