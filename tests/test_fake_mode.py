@@ -135,6 +135,7 @@ VIEWS = {
     "split": lambda x: x.split(3, dim=1),
     "unbind": lambda x: x.unbind(2),
     "view of a slice": lambda x: x[:, 2:4].view(4, 12),
+    "_unsafe_view": lambda x: aten._unsafe_view(x, [32, 6]),
 }
 
 
