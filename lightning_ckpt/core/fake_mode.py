@@ -18,7 +18,7 @@ computes a ``view`` the cache has not seen with the Python reference ``_reshape_
 this project's 2-core VM) and rebuilds every cached view from its entry (0.15-0.3 ms); the C++ kernel
 takes 0.07-0.1 ms either way. Views are most of a training step's ops on fake tensors (autograd detaches
 every saved tensor, a linear layer transposes its weight): the example GPT's first fake profile in a new
-process took 0.80 CPU s, now 0.47-0.54.
+process took 0.70-0.93 CPU s, now 0.53-0.74 (five alternated pairs of processes, 2026-12-07).
 """
 
 from __future__ import annotations
