@@ -2,7 +2,8 @@
 
 A bf16 activation into a float32 LayerNorm, BatchNorm or GroupNorm (what CPU autocast leaves behind) saves
 float32 statistics on CPU; torch's fake kernels saved them in bf16. BERT's masked-LM head under
-bf16-mixed was then under-predicted by 512 bytes and ran out of memory at the advised minimum.
+bf16-mixed was then under-predicted by 512 bytes and ran out of memory at the advised minimum. Its views
+run on ATen's view kernels: the real views' layouts and storages, torch's way where it must be.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ process took 0.70-0.93 CPU s, now 0.53-0.74 (five alternated pairs of processes,
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -88,7 +89,7 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if _plain_view(func) and self._concrete_fakes(args, kwargs):
-            return self._view(func, args, kwargs or {})
+            return self._view(func, types, args, kwargs or {})
         out = super().dispatch(func, types, args, kwargs or {})
         if func in _NORMS_WITH_STATISTICS and _mixed_on_cpu(args):
             out = (out[0], out[1].float(), out[2].float(), *out[3:])
@@ -112,7 +113,7 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
             for t in tensors
         )
 
-    def _view(self, func: Any, args: Any, kwargs: Any) -> Any:
+    def _view(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         """``func``'s output from ATen's view kernel run on the fake tensors' meta data, on the input's
         device: the shape, strides and storage the real kernel gives (torch's own dispatch where that
         kernel is missing)."""
@@ -120,34 +121,29 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
             with in_kernel_invocation_manager(self):
                 out = func(*args, **kwargs)
         except NotImplementedError:
-            return super().dispatch(func, (FakeTensor,), args, kwargs)
+            return super().dispatch(func, types, args, kwargs)
         outs = [out] if isinstance(out, torch.Tensor) else out  # split, unbind: a list or tuple
         if any(type(t) is not torch.Tensor or t.device.type != "meta" for t in outs):
-            return super().dispatch(func, (FakeTensor,), args, kwargs)  # not a fresh view: torch's way
+            return super().dispatch(func, types, args, kwargs)  # not a fresh view: torch's way
         device = args[0].fake_device
         views = [FakeTensor(self, t, device) for t in outs]
         return views[0] if isinstance(out, torch.Tensor) else type(out)(views)
 
 
-_VIEWS: dict[Any, bool] = {}
-
-
+@functools.cache
 def _plain_view(func: Any) -> bool:
     """Whether ``func`` is an ATen view with a kernel of its own that changes no input's metadata
     (``transpose_`` does), found once per op from its schema: not one that decomposes (``to``,
     ``reshape``: they alias or copy). And ``_unsafe_view`` (``matmul``'s reshape of its result: a view
     that autograd does not track as one), which torch's cache never keeps: its Python reference ran on
     each call (a transformers Llama's 4 layers: 68 calls, 31 ms)."""
-    plain = _VIEWS.get(func)
-    if plain is None:
-        plain = _VIEWS[func] = func is _aten._unsafe_view.default or (
-            getattr(func, "is_view", False) is True  # an op overload's schema (not a packet's)
-            and func.namespace == "aten"
-            and func is not _aten.lift_fresh.default  # a real tensor's fake twin: torch makes it
-            and torch.Tag.inplace_view not in func.tags
-            and not has_composite_implicit_kernel(func)
-        )
-    return plain
+    return func is _aten._unsafe_view.default or (
+        getattr(func, "is_view", False) is True  # an op overload's schema (not a packet's)
+        and func.namespace == "aten"
+        and func is not _aten.lift_fresh.default  # a real tensor's fake twin: torch makes it
+        and torch.Tag.inplace_view not in func.tags
+        and not has_composite_implicit_kernel(func)
+    )
 
 
 def _mixed_on_cpu(args: Any) -> bool:
