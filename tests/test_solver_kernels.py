@@ -8,7 +8,7 @@ import pytest
 from benchmarks.bench.generators import FAMILIES, make_instance
 from lightning_ckpt.solver.dense import _kernels_numpy
 from lightning_ckpt.solver.dense.profile import cell_updates, profile
-from lightning_ckpt.solver.sparse import reduce
+from lightning_ckpt.solver.sparse import reduce, reduce_lists
 
 numba_kernels = pytest.importorskip("lightning_ckpt.solver.dense._kernels_numba")
 
@@ -213,3 +213,43 @@ def test_compile_sized_solves_choose_the_same_set_on_numpy_and_numba(family, mon
     assert backend.compiled(1, backend.DENSE_NUMBA) is None  # numpy kernels throughout
     assert [(r.value, r.chosen) for r in on_numpy] == [(r.value, r.chosen) for r in on_numba]
     assert sum(r.stats.path == "hirschberg" for r in on_numpy) >= 5  # a leaf left to solve
+
+
+def _random_instance(rng, kind):
+    """Small instances with zero weights, zero values, items heavier than the capacity and repeats."""
+    n = int(rng.integers(0, reduce_lists.LISTS_MAX_ITEMS + 1))
+    if kind == 0:  # many repeats, zeros
+        weights, values = rng.integers(0, 20, n), rng.integers(0, 5, n).astype(float)
+    elif kind == 1:  # all distinct
+        weights, values = rng.integers(1, 1000, n), rng.random(n) * 100
+    elif kind == 2:  # strongly correlated, a common divisor
+        weights = rng.integers(1, 50, n) * 6
+        values = (weights + 10).astype(float)
+    else:  # tiny weights: everything fits often
+        weights, values = rng.integers(0, 5, n), rng.integers(0, 3, n) * 0.5
+    return weights.astype(np.int64), values, int(rng.integers(0, max(1, int(weights.sum()) + 2)))
+
+
+def test_reduce_lists_gives_reduce_instances_core():
+    """The lists' reductions (small instances) give the same core as numpy's, field by field."""
+    rng = np.random.default_rng(7)
+    fixed = 0
+    for trial in range(4000):
+        weights, values, capacity = _random_instance(rng, trial % 4)
+        expected = reduce.reduce_instance(weights, values, capacity)
+        core = reduce_lists.reduce_lists(weights, values, capacity)
+        assert core.capacity == expected.capacity
+        for field in ("taken", "weights", "values", "group", "copies", "members", "starts"):
+            got, want = getattr(core, field), getattr(expected, field)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (trial, field)
+        fixed += len(weights) - int(expected.copies.sum())
+    assert fixed > 4000  # the reductions settled items: the comparison covers the fixing
+    for family in FAMILIES:
+        for n, capacity in ((42, 1000), (54, 5000)):
+            weights, values, _ = make_instance(family, n, capacity, seed=1)
+            expected, core = (
+                reduce.reduce_instance(weights, values, capacity),
+                reduce_lists.reduce_lists(weights, values, capacity),
+            )
+            assert np.array_equal(core.taken, expected.taken)
+            assert np.array_equal(core.weights, expected.weights) and core.capacity == expected.capacity

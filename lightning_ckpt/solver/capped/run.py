@@ -5,7 +5,8 @@ can reach (``caps_bind`` says False), the items may be taken in any order, so th
 minknap solves a knapsack, not in the given order as the frontier does:
 
 - the exact reductions (``sparse/reduce.py``: for ``"auto"`` LP fixing and bundles of identical
-  items, always the trivial ones and the weights' common divisor);
+  items, always the trivial ones and the weights' common divisor; on Python lists up to
+  ``LISTS_MAX_ITEMS`` items, ``sparse/reduce_lists.py``);
 - for ``"auto"``, on a core of at least ``SPARSE_MIN_CELLS`` dense cells, the expanding core around
   the break item (``sparse/minknap.py``, efficiency order, with combo's strong bounds once past
   ``STRONG_AFTER_STATES``), at most ``max_sparse_states`` states;
@@ -29,6 +30,7 @@ from lightning_ckpt.solver.dense.solve import solve_core
 from lightning_ckpt.solver.options import DEFAULT_OPTIONS, SolverOptions
 from lightning_ckpt.solver.sparse.minknap import STRONG_AFTER_STATES, solve_minknap
 from lightning_ckpt.solver.sparse.reduce import reduce_instance
+from lightning_ckpt.solver.sparse.reduce_lists import LISTS_MAX_ITEMS, reduce_lists
 
 __all__ = [
     "CELLS_PER_STATE",
@@ -135,7 +137,10 @@ def solve_run(
     """The optimal set of validated items (int64 weights, float64 values) with no binding cap:
     reductions (``use_lp``: all of them, and the sparse states, as for ``"auto"``), then the dense
     pass on what is left."""
-    core = reduce_instance(weights, values, capacity, use_lp=use_lp)
+    if use_lp and len(weights) <= LISTS_MAX_ITEMS:  # the same core, without numpy's per-call cost
+        core = reduce_lists(weights, values, capacity)
+    else:
+        core = reduce_instance(weights, values, capacity, use_lp=use_lp)
     n, cap = len(core.weights), core.capacity
     mask, cells, used, path = np.zeros(n, dtype=np.bool_), 0, 1, "reductions"
     sparse, most = None, max_sparse_states(n, cap, options, core.weights)

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Core", "reduce_instance", "lp_fix", "merge_identical"]
+__all__ = ["LP_MARGIN_RELATIVE", "Core", "bundle_sizes", "lp_fix", "merge_identical", "reduce_instance"]
 
 # Only fix an item when its bound is below the lower bound by this relative margin: float64
 # sums of a few thousand values are off by far less, so fixing stays exact.
-_LP_MARGIN_RELATIVE = 1e-9
+LP_MARGIN_RELATIVE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.n
     used = int(prefix[brk - 1]) if brk else 0
     z_lp = float(v[:brk].sum()) + ratio * (capacity - used)
     lower = _greedy_lower_bound(w, v, capacity, brk)
-    margin = _LP_MARGIN_RELATIVE * max(z_lp, 1e-300)
+    margin = LP_MARGIN_RELATIVE * max(z_lp, 1e-300)
     bound = z_lp - np.abs(v - ratio * w)
     fixable = bound < lower - margin
     if not fixable.any():  # strongly correlated items: nothing to scatter back (B n=54: 18 us, now 13)
@@ -165,7 +165,7 @@ def merge_identical(weights: np.ndarray, values: np.ndarray, index: np.ndarray) 
         }
     copies = [[1]] * len(sizes)  # a lone item is one bundle of one copy
     for g in np.flatnonzero(sizes > 1).tolist():
-        copies[g] = _bundle_sizes(int(sizes[g]))
+        copies[g] = bundle_sizes(int(sizes[g]))
     group = np.repeat(np.arange(len(sizes)), [len(c) for c in copies])
     copies_flat = np.fromiter(itertools.chain.from_iterable(copies), dtype=np.int64, count=len(group))
     first = starts[:-1][group]
@@ -179,7 +179,7 @@ def merge_identical(weights: np.ndarray, values: np.ndarray, index: np.ndarray) 
     }
 
 
-def _bundle_sizes(count: int) -> list[int]:
+def bundle_sizes(count: int) -> list[int]:
     """1, 2, 4, ... and a remainder, summing to ``count``: e.g. 10 -> [1, 2, 4, 3]."""
     sizes, size = [], 1
     while count > 0:
