@@ -4,11 +4,6 @@ Each entry says what it is for and the versions it was checked against (torch 2.
 the package requires torch>=2.4, lightning>=2.4, and each of these exists there too). When a release moves
 one of them, this file is the only one to change. Lightning names are imported on first use, so that the
 torch-only layers (``lightning_ckpt.core``) never import Lightning.
-
-Example:
-    >>> import torch
-    >>> storage_key(torch.zeros(2).untyped_storage()) != 0
-    True
 """
 
 from __future__ import annotations
@@ -60,6 +55,7 @@ __all__ = [
     "composable_api_names",
     "convert_precision",
     "default_foreach",
+    "fake_decomposition",
     "fake_module_conversions",
     "fsdp2_is_root",
     "fsdp2_param_dtype",
@@ -110,9 +106,8 @@ def storage_key(storage: torch.UntypedStorage) -> int:
 
 
 def inner_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """The tensors a wrapper subclass (``DTensor``: its local shard) holds, read with its
-    ``__tensor_flatten__`` (torch 2.4-2.13; DTensor lists ``_local_tensor`` and, in 2.13, its mesh, which
-    is not a tensor and is left out)."""
+    """The tensors a wrapper subclass (``DTensor``: its local shard) holds, read with its ``__tensor_flatten__``
+    (torch 2.4-2.13; DTensor lists ``_local_tensor`` and, in 2.13, its mesh: not a tensor, left out)."""
     names, _ = tensor.__tensor_flatten__()
     return [inner for inner in (getattr(tensor, name) for name in names) if isinstance(inner, torch.Tensor)]
 
@@ -153,10 +148,9 @@ def fsdp2_post_forward_mesh_infos(module: Any) -> list[Any]:
 
 @contextlib.contextmanager
 def fsdp2_post_forward_mesh_getter(wrap: Callable[[Callable], Callable]) -> Iterator[None]:
-    """While the block runs, ``fully_shard`` gets the mesh that ``reshard_after_forward=int`` reshards to
-    from ``wrap(original)``: ``_get_post_forward_mesh_info(reshard_after_forward, mesh_info)`` of
-    ``torch.distributed.fsdp._fully_shard._fsdp_init``, which ``_fully_shard`` imports by name (both are
-    replaced; torch 2.6-2.13). Where torch lacks it, nothing is replaced."""
+    """While the block runs, ``fully_shard`` gets the mesh ``reshard_after_forward=int`` reshards to from
+    ``wrap(original)``: ``_get_post_forward_mesh_info`` of ``torch.distributed.fsdp._fully_shard._fsdp_init``
+    and of ``_fully_shard``, which imports it by name (torch 2.6-2.13; else nothing is replaced)."""
     try:
         from torch.distributed.fsdp._fully_shard import _fsdp_init, _fully_shard
     except ImportError:
@@ -175,14 +169,11 @@ def fsdp2_post_forward_mesh_getter(wrap: Callable[[Callable], Callable]) -> Iter
 
 @contextlib.contextmanager
 def fake_module_conversions() -> Iterator[None]:
-    """While the block runs, ``Module.to()`` (``.float()``, ``.cuda()``...) works on a module whose parameters
-    were made under ``FakeTensorMode``, as libraries call it in their constructors (peft moves each new
-    adapter to its base layer's device and dtype). torch 2.13 (since pytorch#152539) swaps a fake parameter
-    for its converted copy with ``torch.utils.swap_tensors``, which refuses a tensor that anything holds by
-    weak reference, and FakeTensorMode's converter memos do ("_apply(): Couldn't swap Linear.weight",
-    pytorch#148977). Here a fake tensor about to be swapped is first dropped from those memos (a memo only
-    caches a conversion; it is made again if asked), then swapped as torch would. Where torch does not
-    swap fake parameters, nothing changes.
+    """While the block runs, ``Module.to()`` (``.float()``...) works on a module made under ``FakeTensorMode``,
+    as libraries call it in their constructors (peft: each adapter to its base layer's device and dtype).
+    torch 2.13 (pytorch#152539) swaps a fake parameter for its copy with ``torch.utils.swap_tensors``, which
+    refuses a tensor held by weak reference, as FakeTensorMode's converter memos hold it (pytorch#148977).
+    Here such a tensor is first dropped from those memos (a cached conversion, made again if asked).
 
     Example:
         >>> with FakeTensorMode(), fake_module_conversions():
@@ -219,20 +210,16 @@ def _drop_from_fake_memos(tensor: FakeTensor) -> None:
 
 
 _GROUPED_MM = getattr(getattr(torch.ops.aten, "_grouped_mm", None), "default", None)
-"""``aten._grouped_mm`` (torch 2.8-2.13; None before): the experts' matmuls of transformers' mixture-of-experts
-models (Qwen2-MoE, Mixtral, OLMoE...)."""
+"""``aten._grouped_mm`` (torch 2.8-2.13; None before): the experts' matmuls of Qwen2-MoE, Mixtral, OLMoE..."""
 
 
 @contextlib.contextmanager
 def grouped_mm_on_fake_tensors() -> Iterator[None]:
     """While the block runs, ``torch._grouped_mm`` works on fake tensors of any floating dtype, as its CPU and
-    CUDA kernels do (torch 2.9-2.13: bf16 natively, other dtypes by a fallback). Its meta kernel (torch 2.13)
-    still accepts only bf16 ("Expected inputs of BF16 type"), so a mixture-of-experts model in float32, or
-    under bf16-mixed (fp32 weights: transformers casts the experts' input to them), could not be profiled
-    on fake tensors. Here such a call runs the meta kernel on bf16 stand-ins (the same shape and stride
-    checks) and returns its output in the dtype the real kernel returns (``out_dtype``, else the inputs').
-    bf16 calls, and torch without the op, are left as they are. Outputs made meanwhile stay in
-    FakeTensorMode's cache (the same result the real kernel's shape rules give).
+    CUDA kernels do (torch 2.9-2.13). Its meta kernel (torch 2.13) accepts only bf16, so a mixture-of-experts
+    model in float32 or bf16-mixed (transformers casts the experts' input to fp32 weights) could not be
+    profiled on fake tensors. Here such a call runs the meta kernel on bf16 stand-ins (the same checks) and
+    returns the real kernel's dtype (``out_dtype``, else the inputs'). bf16 calls are left as they are.
 
     Example:
         >>> a, b = torch.ones(12, 8), torch.ones(3, 8, 8)
@@ -384,6 +371,19 @@ def default_foreach(params: list[torch.Tensor]) -> bool:
     from torch.optim.optimizer import _default_to_fused_or_foreach
 
     return bool(_default_to_fused_or_foreach(list(params), differentiable=False, use_fused=False)[1])
+
+
+def fake_decomposition(op: Any) -> Any:
+    """The Python decomposition (``torch._decomp.decompositions``) that FakeTensorMode runs for the op
+    overload ``op`` with concrete sizes before its meta kernel, dispatching each of its ops in turn, or
+    None (the leg of ``FakeTensorMode._dispatch_impl`` it takes, torch 2.4-2.13)."""
+    from torch._decomp import decomposition_table, meta_table
+    from torch._subclasses.fake_tensor import torch_decomp_decompositions
+
+    if op in meta_table or op not in decomposition_table or op in FakeTensorMode._cpp_meta_supports_symint:
+        return None
+    has_meta = torch._C._dispatch_has_computed_kernel_for_dispatch_key(op.name(), "Meta")
+    return decomposition_table[op] if has_meta and torch_decomp_decompositions(op) else None
 
 
 def has_composite_implicit_kernel(op: Any) -> bool:

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from lightning_ckpt._compat import FakeTensor, FakeTensorMode
+from lightning_ckpt.core import fake_mode
 from lightning_ckpt.core.fake_mode import CpuKernelFakeTensorMode
 from lightning_ckpt.core.fake_tensors import fake_model
 from lightning_ckpt.core.profiler import profile_step
@@ -193,3 +194,72 @@ def test_a_fake_step_under_autograd_keeps_views_aliased():
         faked = profile_step(model, lambda: model(fake_x).square().mean(), ["0", "2"], "flops")
     assert [m.activation_bytes for m in faked.modules] == [m.activation_bytes for m in real.modules]
     assert faked.storages == real.storages and faked.phases == real.phases
+
+
+def _layer_norm_backward_args(x):
+    weight, bias = x[0, 0] + 1, x[0, 1]
+    _, mean, rstd = aten.native_layer_norm(x, [6], weight, bias, 1e-5)
+    return x * 2, x, [6], mean, rstd, weight, bias, [True] * 3
+
+
+DECOMPOSED = {  # ops FakeTensorMode runs as Python decompositions: here on their meta kernels, kept by layout
+    "addmm": (aten.addmm, lambda x: (x[0, 0], x[0].t(), x[1])),
+    "addmm bf16": (aten.addmm, lambda x: tuple(t.bfloat16() for t in (x[0, 0], x[0].t(), x[1]))),
+    "gelu_backward": (aten.gelu_backward, lambda x: (x.transpose(0, 1) * 2, x.transpose(0, 1))),
+    "native_layer_norm_backward": (aten.native_layer_norm_backward, _layer_norm_backward_args),
+    "_log_softmax": (aten._log_softmax, lambda x: (x, 1, False)),
+    "nll_loss_forward": (
+        aten.nll_loss_forward,
+        lambda x: (x[0], torch.tensor([1, 0, 5, 3, 2, 4, 0, 1]), None, 1, -100),
+    ),
+}
+
+
+@pytest.mark.parametrize("op", DECOMPOSED)
+def test_decomposed_ops_run_on_meta_kernels_with_the_real_layouts_then_from_their_layouts(op):
+    """An op that FakeTensorMode decomposes runs once on its meta kernel, then is made again from the
+    output layouts it gave: the real kernel's dtype, shape and strides both times, new storages each
+    time, and FakeTensorMode's cache neither hit nor filled."""
+    func, make_args = DECOMPOSED[op]
+    real = torch.randn(4, 8, 6)
+    expected = func(*make_args(real))
+    expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+    with CpuKernelFakeTensorMode() as mode:
+        args = make_args(mode.from_tensor(real))
+        before = (FakeTensorMode.cache_hits, FakeTensorMode.cache_misses, dict(FakeTensorMode.cache_bypasses))
+        runs = [func(*args)]
+        kept = len(CpuKernelFakeTensorMode._meta_outputs)
+        runs.append(func(*args))
+        after = (FakeTensorMode.cache_hits, FakeTensorMode.cache_misses, dict(FakeTensorMode.cache_bypasses))
+    assert len(CpuKernelFakeTensorMode._meta_outputs) == kept  # made again from the layouts kept
+    storages = set()
+    for out in runs:
+        outputs = [out] if isinstance(out, torch.Tensor) else list(out)
+        assert all(
+            isinstance(t, FakeTensor) and t.fake_mode is mode and t.device.type == "cpu" for t in outputs
+        )
+        assert _layout(outputs) == _layout(expected)
+        storages |= {t.untyped_storage()._cdata for t in outputs}
+    inputs = {a.untyped_storage()._cdata for a in args if isinstance(a, torch.Tensor)}
+    assert len(storages) == 2 * len(expected) and not storages & inputs
+    assert after == before
+
+
+def test_decomposed_ops_torch_must_make_take_its_own_way():
+    """An op of a constant (whose value torch may propagate) takes torch's dispatch, and the route is
+    taken only for ops that torch decomposes and that make new tensors."""
+    with CpuKernelFakeTensorMode():
+        constant = torch.tensor([[1.0, 2.0]])  # lifted: a fake tensor holding its value
+        seen = FakeTensorMode.cache_misses + FakeTensorMode.cache_hits
+        out = aten._log_softmax(constant, 1, False)
+        assert (
+            FakeTensorMode.cache_misses
+            + FakeTensorMode.cache_hits
+            + sum(FakeTensorMode.cache_bypasses.values())
+            > seen
+        )
+    assert tuple(out.shape) == (1, 2)
+    assert fake_mode._decomposed(aten.addmm.default) and fake_mode._decomposed(aten.gelu_backward.default)
+    assert not fake_mode._decomposed(aten.mm.default)  # a meta kernel of its own: torch's cache
+    assert not fake_mode._decomposed(aten.add_.Tensor)  # mutates its input
+    assert not fake_mode._decomposed(aten._native_batch_norm_legit.default)  # its dtypes corrected here

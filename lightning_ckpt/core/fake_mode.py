@@ -19,6 +19,15 @@ this project's 2-core VM) and rebuilds every cached view from its entry (0.15-0.
 takes 0.07-0.1 ms either way. Views are most of a training step's ops on fake tensors (autograd detaches
 every saved tensor, a linear layer transposes its weight): the example GPT's first fake profile in a new
 process took 0.70-0.93 CPU s, now 0.53-0.74 (five alternated pairs of processes, 2026-12-07).
+
+And the ops that FakeTensorMode runs as Python decompositions from ``torch._decomp`` (``addmm``,
+``native_layer_norm_backward``, ``gelu_backward``, ``_log_softmax``, ``nll_loss_forward``...), each of
+whose ops it then dispatches and caches one by one (``addmm`` the first time: 5-9 ms), run on their meta
+kernels with torch's device logic (1-3.5 ms), which is what FakeTensorMode does for every op without a
+decomposition; their output layouts are kept by op and argument layouts, and a later call with the same
+ones makes new fake tensors of those layouts (0.1-0.2 ms, where a hit of torch's cache took 0.2-0.3 ms).
+Only outputs that are new dense tensors are kept (no alias of an input, no offset), and the
+normalizations whose dtypes this mode corrects keep torch's dispatch.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import torch
 from lightning_ckpt._compat import (
     FakeTensor,
     FakeTensorMode,
+    fake_decomposition,
     has_composite_implicit_kernel,
     in_kernel_invocation_manager,
     suggest_memory_format,
@@ -68,6 +78,13 @@ a ``view`` of a permuted one then makes a copy the real step never makes (Swin: 
 LayerNorm over a transposed input)."""
 
 _REDUCED_FLOATS = (torch.bfloat16, torch.float16)
+_KEEP_TORCH_DISPATCH = _NORMS_WITH_STATISTICS | {
+    _GROUP_NORM_BACKWARD,
+    _aten.native_batch_norm_backward.default,
+}
+"""Normalizations whose fake dtypes this mode corrects keep torch's dispatch: their meta kernels and their
+decompositions disagree (``_native_batch_norm_legit``'s meta kernel saves float32 statistics of an
+all-bf16 call, as its decomposition and the CPU kernel do not)."""
 
 
 class CpuKernelFakeTensorMode(FakeTensorMode):
@@ -75,7 +92,8 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
     kernels do (``param_scalar_type`` in ATen's CPU layer, group and batch norm), whose group-norm
     backward gives the input's gradient the input's dtype, as every kernel does, whose batch-norm
     outputs and layer-norm input gradients on CPU have the real kernels' strides, and whose views of
-    fake tensors with concrete sizes run on ATen's view kernels.
+    fake tensors with concrete sizes run on ATen's view kernels, and the ops torch decomposes on their
+    meta kernels.
 
     Example:
         >>> x, weight, bias = torch.ones(4, 8, dtype=torch.bfloat16), torch.ones(8), torch.zeros(8)
@@ -87,10 +105,17 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
         (torch.bfloat16, torch.float32, torch.float32)
     """
 
+    _meta_outputs: dict[tuple, tuple] = {}
+    """The output layouts of each decomposed op's meta kernel, by op and argument layouts (per process,
+    like FakeTensorMode's own cache)."""
+
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if _plain_view(func) and self._concrete_fakes(args, kwargs):
             return self._view(func, types, args, kwargs or {})
-        out = super().dispatch(func, types, args, kwargs or {})
+        if _decomposed(func) and self._concrete_fakes(args, kwargs):
+            out = self._on_meta_kernel(func, types, args, kwargs or {})
+        else:
+            out = super().dispatch(func, types, args, kwargs or {})
         if func in _NORMS_WITH_STATISTICS and _mixed_on_cpu(args):
             out = (out[0], out[1].float(), out[2].float(), *out[3:])
         if func is _GROUP_NORM_BACKWARD and out[0] is not None and out[0].dtype != args[1].dtype:
@@ -104,7 +129,11 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
         constant value (torch propagates constants, and symbolic sizes need its Python references)."""
         if self.shape_env is not None:
             return False
-        tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        values = [*args, *(kwargs or {}).values()]
+        values += [
+            item for value in values if isinstance(value, (list, tuple)) for item in value
+        ]  # cat's list
+        tensors = [a for a in values if isinstance(a, torch.Tensor)]
         return bool(tensors) and all(
             isinstance(t, FakeTensor)
             and t.fake_mode is self
@@ -128,6 +157,123 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
         device = args[0].fake_device
         views = [FakeTensor(self, t, device) for t in outs]
         return views[0] if isinstance(out, torch.Tensor) else type(out)(views)
+
+    def _on_meta_kernel(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """``func``'s outputs from its meta kernel, wrapped with torch's device logic (what FakeTensorMode
+        does for an op without a decomposition), or remade from the layouts it gave for the same argument
+        layouts before; torch's own dispatch where the kernel is missing."""
+        key = _layout_key(func, args, kwargs)
+        layouts = self._meta_outputs.get(key) if key is not None else None
+        if layouts is not None:
+            with in_kernel_invocation_manager(self):
+                return _remade(self, layouts)
+        try:
+            with in_kernel_invocation_manager(self):
+                out = func(*args, **kwargs)
+        except NotImplementedError:
+            return super().dispatch(func, types, args, kwargs)
+        flat = [*args, *kwargs.values()]
+        out = self.wrap_meta_outputs_with_default_device_logic(out, func, flat, device=kwargs.get("device"))
+        layouts = _fresh_layouts(self, out, flat)
+        if key is not None and layouts is not None:
+            self._meta_outputs[key] = layouts
+        return out
+
+
+@functools.cache
+def _decomposed(func: Any) -> bool:
+    """Whether FakeTensorMode would run ``func`` as a Python decomposition, op by op through its cache,
+    where a meta kernel exists (``addmm``: 5-9 ms the first time, ``native_layer_norm_backward``,
+    ``gelu_backward``...): an ATen op that makes new tensors (not a view, mutating nothing, outputs not
+    sized by data, no device argument)."""
+    schema = func._schema
+    return (
+        func.namespace == "aten"
+        and func not in _KEEP_TORCH_DISPATCH
+        and fake_decomposition(func) is not None
+        and not schema.is_mutable
+        and not func.is_view
+        and torch.Tag.view_copy not in func.tags
+        and torch.Tag.dynamic_output_shape not in func.tags
+        and torch.Tag.data_dependent_output not in func.tags
+        and all(argument.name != "device" for argument in schema.arguments)
+        and not has_composite_implicit_kernel(func)
+    )
+
+
+def _layout_key(func: Any, args: Any, kwargs: Any) -> tuple | None:
+    """``func`` and what its meta kernel reads of its arguments (a tensor's layout and device, other
+    values by type and value), or None where an argument has no such key."""
+    parts: list = [func]
+    for value in (*args, *kwargs.items()):
+        part = _argument_key(value)
+        if part is None:
+            return None
+        parts.append(part)
+    return tuple(parts)
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _argument_key(value: Any) -> Any:
+    if isinstance(value, FakeTensor):
+        flags = (value.is_conj(), value.is_neg(), value.requires_grad)
+        return (
+            FakeTensor,
+            value.shape,
+            value.stride(),
+            value.storage_offset(),
+            value.dtype,
+            value.fake_device,
+            flags,
+        )
+    if type(value) in _PLAIN:
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        parts = tuple(_argument_key(item) for item in value)
+        return None if None in parts else (type(value), parts)
+    return None
+
+
+def _fresh_layouts(mode: FakeTensorMode, out: Any, flat_args: list) -> tuple | None:
+    """``(kind, layouts)`` of outputs that are new dense tensors of ``mode`` (None where one is not: an
+    alias, an offset or a storage other than ``empty_strided`` of its layout makes, a constant)."""
+    outs = [out] if isinstance(out, torch.Tensor) else out
+    if not isinstance(outs, (tuple, list)):
+        return None
+    inputs = {id(a.untyped_storage()) for a in flat_args if isinstance(a, torch.Tensor)}
+    layouts, seen = [], set()
+    for t in outs:
+        if t is None:
+            layouts.append(None)
+            continue
+        if not (
+            type(t) is FakeTensor and t.fake_mode is mode and t.constant is None and t.storage_offset() == 0
+        ):
+            return None
+        storage = t.untyped_storage()
+        if id(storage) in inputs or id(storage) in seen or t.is_conj() or t.is_neg():
+            return None
+        seen.add(id(storage))
+        layout = (t.shape, t.stride(), t.dtype, t.fake_device)
+        if _meta_tensor(layout).untyped_storage().nbytes() != storage.nbytes():
+            return None
+        layouts.append(layout)
+    kind = None if isinstance(out, torch.Tensor) else type(out)
+    return kind, tuple(layouts)
+
+
+def _remade(mode: FakeTensorMode, layouts: tuple) -> Any:
+    """New fake tensors of ``mode`` with the layouts ``_fresh_layouts`` kept."""
+    kind, parts = layouts
+    outs = [None if part is None else FakeTensor(mode, _meta_tensor(part), part[3]) for part in parts]
+    return outs[0] if kind is None else kind(outs)
+
+
+def _meta_tensor(layout: tuple) -> torch.Tensor:
+    shape, stride, dtype, _ = layout
+    return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
 
 
 @functools.cache
