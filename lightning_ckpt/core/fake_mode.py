@@ -23,9 +23,9 @@ process took 0.70-0.93 CPU s, now 0.53-0.74 (five alternated pairs of processes,
 And the ops that FakeTensorMode runs as Python decompositions from ``torch._decomp`` (``addmm``,
 ``native_layer_norm_backward``, ``gelu_backward``, ``_log_softmax``, ``nll_loss_forward``...), each of
 whose ops it then dispatches and caches one by one (``addmm`` the first time: 5-9 ms), run on their meta
-kernels with torch's device logic (1-3.5 ms), which is what FakeTensorMode does for every op without a
+kernels with torch's device logic (1.7-3.7 ms), which is what FakeTensorMode does for every op without a
 decomposition; their output layouts are kept by op and argument layouts, and a later call with the same
-ones makes new fake tensors of those layouts (0.1-0.2 ms, where a hit of torch's cache took 0.2-0.3 ms).
+ones makes new fake tensors of those layouts (0.15-0.2 ms, where a hit of torch's cache took 0.3 ms).
 Only outputs that are new dense tensors are kept (no alias of an input, no offset), and the
 normalizations whose dtypes this mode corrects keep torch's dispatch.
 """
