@@ -263,3 +263,15 @@ def test_decomposed_ops_torch_must_make_take_its_own_way():
     assert not fake_mode._decomposed(aten.mm.default)  # a meta kernel of its own: torch's cache
     assert not fake_mode._decomposed(aten.add_.Tensor)  # mutates its input
     assert not fake_mode._decomposed(aten._native_batch_norm_legit.default)  # its dtypes corrected here
+
+
+def test_only_new_dense_outputs_have_their_layouts_kept():
+    """An output that aliases an input, two outputs on one storage, or one at an offset is not kept:
+    made again from a layout, it would get a storage of its own."""
+    with CpuKernelFakeTensorMode() as mode:
+        x = mode.from_tensor(torch.randn(4, 4))
+        y = x * 2
+        assert fake_mode._fresh_layouts(mode, y, [x]) is not None
+        assert fake_mode._fresh_layouts(mode, x, [x]) is None
+        assert fake_mode._fresh_layouts(mode, (y, y), [x]) is None
+        assert fake_mode._fresh_layouts(mode, y[1], [x]) is None

@@ -43,6 +43,7 @@ from lightning_ckpt._compat import (
     fake_decomposition,
     has_composite_implicit_kernel,
     in_kernel_invocation_manager,
+    storage_key,
     suggest_memory_format,
 )
 
@@ -242,7 +243,7 @@ def _fresh_layouts(mode: FakeTensorMode, out: Any, flat_args: list) -> tuple | N
     outs = [out] if isinstance(out, torch.Tensor) else out
     if not isinstance(outs, (tuple, list)):
         return None
-    inputs = {id(a.untyped_storage()) for a in flat_args if isinstance(a, torch.Tensor)}
+    inputs = {storage_key(a.untyped_storage()) for a in flat_args if isinstance(a, torch.Tensor)}
     layouts, seen = [], set()
     for t in outs:
         if t is None:
@@ -252,10 +253,10 @@ def _fresh_layouts(mode: FakeTensorMode, out: Any, flat_args: list) -> tuple | N
             type(t) is FakeTensor and t.fake_mode is mode and t.constant is None and t.storage_offset() == 0
         ):
             return None
-        storage = t.untyped_storage()
-        if id(storage) in inputs or id(storage) in seen or t.is_conj() or t.is_neg():
+        storage = t.untyped_storage()  # a new wrapper each call: compared by its StorageImpl
+        if storage_key(storage) in inputs | seen or t.is_conj() or t.is_neg():
             return None
-        seen.add(id(storage))
+        seen.add(storage_key(storage))
         layout = (t.shape, t.stride(), t.dtype, t.fake_device)
         if _meta_tensor(layout).untyped_storage().nbytes() != storage.nbytes():
             return None
