@@ -275,3 +275,28 @@ def test_only_new_dense_outputs_have_their_layouts_kept():
         assert fake_mode._fresh_layouts(mode, x, [x]) is None
         assert fake_mode._fresh_layouts(mode, (y, y), [x]) is None
         assert fake_mode._fresh_layouts(mode, y[1], [x]) is None
+
+
+def test_the_storage_tracker_answers_a_fake_tensors_device_itself():
+    """C++ asks a fake tensor its device thousands of times a step (``prim.device``); the live-storage
+    tracker above the fake mode answers as the mode's handler would (cpu, meta inside a kernel), without
+    dispatching it through the mode."""
+    from lightning_ckpt.core.storage import LiveStorageTracker
+
+    asked = []
+
+    class Counting(CpuKernelFakeTensorMode):
+        def dispatch(self, func, types, args=(), kwargs=None):
+            asked.append(func)
+            return super().dispatch(func, types, args, kwargs)
+
+    mode = Counting()
+    x = mode.from_tensor(torch.randn(4, 6))
+    with mode, LiveStorageTracker() as tracker:
+        y = torch.nn.functional.linear(x, x)  # the linear's argument parsing asks both devices
+        assert y.device == torch.device("cpu") and tracker.peak_bytes == 4 * 4 * 4
+    with mode:
+        z = torch.nn.functional.linear(x, x)
+    assert torch.ops.prim.device.default not in [f for f in asked[: asked.index(aten.mm.default) + 1]]
+    assert torch.ops.prim.device.default in asked  # without the tracker the mode answers
+    assert z.device == y.device

@@ -144,6 +144,8 @@ class LiveStorageTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if _has_wrapper_subclass(types):
             return NotImplemented  # a DTensor op: its ops on local tensors come back through this mode
+        if func is _PRIM_DEVICE and type(args[0]) is FakeTensor:
+            return fake_device(args[0])  # C++ asking a fake tensor its device: thousands a step
         out = func(*args, **(kwargs or {}))
         if _makes_no_storage(func):  # a view, an in-place op, or no tensor out (`tensor.device`)
             return out
@@ -232,6 +234,23 @@ class LiveStorageTracker(TorchDispatchMode):
             self.live_bytes -= self._tracked.pop(key, 0)
             self.casts.discard(key)
             self.resized.discard(key)  # the key may name another storage from now on
+
+
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
+def fake_device(tensor: FakeTensor) -> torch.device:
+    """The device a fake tensor answers, as FakeTensorMode's own handler of ``prim.device`` gives it
+    (meta while its mode runs a kernel), without the dispatch through the modes below this one.
+
+    Example:
+        >>> from lightning_ckpt._compat import FakeTensorMode
+        >>> with FakeTensorMode() as mode:
+        ...     fake = mode.from_tensor(torch.ones(2))
+        >>> fake_device(fake)
+        device(type='cpu')
+    """
+    return torch.device("meta") if tensor.fake_mode.in_kernel_invocation else tensor.fake_device
 
 
 _makes_no_storage_of: dict[Any, bool] = {}
