@@ -55,8 +55,8 @@ __all__ = [
     "composable_api_names",
     "convert_precision",
     "default_foreach",
-    "fake_decomposition",
     "fake_module_conversions",
+    "fake_runs_meta_kernel",
     "fsdp2_is_root",
     "fsdp2_param_dtype",
     "fsdp2_post_forward_mesh_getter",
@@ -373,17 +373,17 @@ def default_foreach(params: list[torch.Tensor]) -> bool:
     return bool(_default_to_fused_or_foreach(list(params), differentiable=False, use_fused=False)[1])
 
 
-def fake_decomposition(op: Any) -> Any:
-    """The Python decomposition (``torch._decomp.decompositions``) that FakeTensorMode runs for the op
-    overload ``op`` with concrete sizes before its meta kernel, dispatching each of its ops in turn, or
-    None (the leg of ``FakeTensorMode._dispatch_impl`` it takes, torch 2.4-2.13)."""
-    from torch._decomp import decomposition_table, meta_table
-    from torch._subclasses.fake_tensor import torch_decomp_decompositions
+def fake_runs_meta_kernel(op: Any) -> bool:
+    """Whether FakeTensorMode computes the op overload ``op`` (concrete sizes, no constants) with its meta
+    kernel, or in its place with a Python decomposition (``torch._decomp``), not with a fake implementation
+    of its own (``fake_impls``' table and checks: constructors, data-dependent ops...; torch 2.4-2.13)."""
+    from torch._subclasses import fake_impls
 
-    if op in meta_table or op not in decomposition_table or op in FakeTensorMode._cpp_meta_supports_symint:
-        return None
-    has_meta = torch._C._dispatch_has_computed_kernel_for_dispatch_key(op.name(), "Meta")
-    return decomposition_table[op] if has_meta and torch_decomp_decompositions(op) else None
+    if op in fake_impls.op_implementations_dict or any(
+        is_it(op) for is_it, _ in fake_impls.op_implementations_checks
+    ):
+        return False
+    return torch._C._dispatch_has_computed_kernel_for_dispatch_key(op.name(), "Meta")
 
 
 def has_composite_implicit_kernel(op: Any) -> bool:

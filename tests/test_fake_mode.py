@@ -202,7 +202,7 @@ def _layer_norm_backward_args(x):
     return x * 2, x, [6], mean, rstd, weight, bias, [True] * 3
 
 
-DECOMPOSED = {  # ops FakeTensorMode runs as Python decompositions: here on their meta kernels, kept by layout
+ON_META = {  # ops run on their meta kernels, outputs kept by layout (the first four: torch decomposes them)
     "addmm": (aten.addmm, lambda x: (x[0, 0], x[0].t(), x[1])),
     "addmm bf16": (aten.addmm, lambda x: tuple(t.bfloat16() for t in (x[0, 0], x[0].t(), x[1]))),
     "gelu_backward": (aten.gelu_backward, lambda x: (x.transpose(0, 1) * 2, x.transpose(0, 1))),
@@ -215,12 +215,12 @@ DECOMPOSED = {  # ops FakeTensorMode runs as Python decompositions: here on thei
 }
 
 
-@pytest.mark.parametrize("op", DECOMPOSED)
-def test_decomposed_ops_run_on_meta_kernels_with_the_real_layouts_then_from_their_layouts(op):
-    """An op that FakeTensorMode decomposes runs once on its meta kernel, then is made again from the
-    output layouts it gave: the real kernel's dtype, shape and strides both times, new storages each
+@pytest.mark.parametrize("op", ON_META)
+def test_ops_run_on_meta_kernels_with_the_real_layouts_then_from_their_layouts(op):
+    """An op runs once on its meta kernel (one that FakeTensorMode would decompose too), then is made
+    again from the output layouts it gave: the real kernel's dtype, shape and strides both times, new storages each
     time, and FakeTensorMode's cache neither hit nor filled."""
-    func, make_args = DECOMPOSED[op]
+    func, make_args = ON_META[op]
     real = torch.randn(4, 8, 6)
     expected = func(*make_args(real))
     expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
@@ -245,9 +245,9 @@ def test_decomposed_ops_run_on_meta_kernels_with_the_real_layouts_then_from_thei
     assert after == before
 
 
-def test_decomposed_ops_torch_must_make_take_its_own_way():
+def test_ops_torch_must_make_take_its_own_way():
     """An op of a constant (whose value torch may propagate) takes torch's dispatch, and the route is
-    taken only for ops that torch decomposes and that make new tensors."""
+    taken only for ops that make new tensors and that FakeTensorMode runs on meta kernels or decomposes."""
     with CpuKernelFakeTensorMode():
         constant = torch.tensor([[1.0, 2.0]])  # lifted: a fake tensor holding its value
         seen = FakeTensorMode.cache_misses + FakeTensorMode.cache_hits
@@ -259,10 +259,12 @@ def test_decomposed_ops_torch_must_make_take_its_own_way():
             > seen
         )
     assert tuple(out.shape) == (1, 2)
-    assert fake_mode._decomposed(aten.addmm.default) and fake_mode._decomposed(aten.gelu_backward.default)
-    assert not fake_mode._decomposed(aten.mm.default)  # a meta kernel of its own: torch's cache
-    assert not fake_mode._decomposed(aten.add_.Tensor)  # mutates its input
-    assert not fake_mode._decomposed(aten._native_batch_norm_legit.default)  # its dtypes corrected here
+    assert all(fake_mode._on_meta(op) for op in (aten.addmm.default, aten.mm.default, aten.add.Tensor))
+    assert not fake_mode._on_meta(aten.add_.Tensor)  # mutates its input
+    assert not fake_mode._on_meta(aten._native_batch_norm_legit.default)  # its dtypes corrected here
+    assert not fake_mode._on_meta(aten.nonzero.default)  # sized by data
+    assert not fake_mode._on_meta(aten._to_copy.default)  # may move devices: torch's own fake implementation
+    assert not fake_mode._on_meta(aten.view.default)  # a view: ATen's view kernel, above
 
 
 def test_only_new_dense_outputs_have_their_layouts_kept():
