@@ -302,3 +302,16 @@ def test_the_storage_tracker_answers_a_fake_tensors_device_itself():
     assert torch.ops.prim.device.default not in [f for f in asked[: asked.index(aten.mm.default) + 1]]
     assert torch.ops.prim.device.default in asked  # without the tracker the mode answers
     assert z.device == y.device
+
+
+def test_kept_layouts_are_told_apart_by_the_inputs_strides_and_dtype():
+    """The same op on inputs of one shape but other strides or dtype is not served the first call's
+    layout: each gets the real kernel's strides and dtype."""
+    real = torch.randn(6, 6)
+    inputs = {"contiguous": real, "transposed": real.t(), "bf16": real.bfloat16(), "again": real}
+    with CpuKernelFakeTensorMode() as mode:
+        fakes = {name: mode.from_tensor(t) for name, t in inputs.items()}
+        outs = {name: aten.silu(fake) for name, fake in fakes.items()}
+    for name, t in inputs.items():
+        assert _layout([outs[name]]) == _layout([aten.silu(t)]), name
+    assert outs["transposed"].stride() != outs["contiguous"].stride()

@@ -177,7 +177,7 @@ class CpuKernelFakeTensorMode(FakeTensorMode):
         except NotImplementedError:
             return super().dispatch(func, types, args, kwargs)
         flat = tree_leaves((args, kwargs))  # cat's list too
-        out = self.wrap_meta_outputs_with_default_device_logic(out, func, flat, device=kwargs.get("device"))
+        out = self.wrap_meta_outputs_with_default_device_logic(out, func, flat, device=None)  # no device arg
         layouts = _fresh_layouts(self, out, flat)
         if key is not None and layouts is not None:
             self._meta_outputs[key] = layouts
@@ -257,9 +257,10 @@ def _fresh_layouts(mode: FakeTensorMode, out: Any, flat_args: list) -> tuple | N
         ):
             return None
         storage = t.untyped_storage()  # a new wrapper each call: compared by its StorageImpl
-        if storage_key(storage) in inputs | seen or t.is_conj() or t.is_neg():
+        key = storage_key(storage)
+        if key in inputs or key in seen or t.is_conj() or t.is_neg():
             return None
-        seen.add(storage_key(storage))
+        seen.add(key)
         layout = (t.shape, t.stride(), t.dtype, t.fake_device)
         if _meta_tensor(layout).untyped_storage().nbytes() != storage.nbytes():
             return None

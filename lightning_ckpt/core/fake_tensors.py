@@ -64,7 +64,8 @@ def fake_model(model: nn.Module) -> Iterator[FakeModel]:
         >>> type(model.weight).__name__
         'Parameter'
     """
-    mode = CpuKernelFakeTensorMode()  # norms' outputs as the CPU kernels make them, views by ATen's kernels
+    # the CPU kernels' norm outputs; views, other ops on ATen's and meta kernels
+    mode = CpuKernelFakeTensorMode()
     slots = _tensor_slots(model)
     twins = _twins(slots, mode)
     with _swapped(slots, twins), mode, grouped_mm_on_fake_tensors():  # mixture-of-experts models in fp32

@@ -149,7 +149,8 @@ def profile_run_on_fake_tensors(
             " sharded over it (plan_offline makes one on a fake process group)"
         )
     master_dtype, compute_dtype = param_dtypes(run)
-    mode = CpuKernelFakeTensorMode()  # norms' outputs as the CPU kernels make them, views by ATen's kernels
+    # the CPU kernels' norm outputs; views, other ops on ATen's and meta kernels
+    mode = CpuKernelFakeTensorMode()
 
     def build() -> Any:  # weights a constructor reads from disk come out real: made fake
         return made_fake(run.model.instantiate(), mode)
