@@ -235,11 +235,12 @@ def test_sparse_states_import_no_engine():
         assert all(m.startswith("lightning_ckpt.solver.sparse") for m in inside), (path.name, inside)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 3])
+@pytest.mark.parametrize("seed", [6, 9, 18])
 def test_where_the_dense_kernel_streams_the_sparse_states_get_more_room_and_answer(seed):
     """Strongly correlated items whose sparse try gives up at one state per 4096 cells answer at one
     per 512 once their groups stream (``group_window`` lowered to make 50 items at W = 1e5 stream):
-    the same value as Hirschberg's."""
+    the same value as Hirschberg's. (Seeds whose cores keep 45-50 items: on most B instances the
+    greedy bound's best swap fixes many items, and the core no longer streams.)"""
     weights, values, capacity = make_instance("B", n_items=50, capacity=100_000, seed=seed)
     cached = solve_knapsack(weights, values, capacity)
     streaming = solve_knapsack(weights, values, capacity, options=SolverOptions(group_window=1024))

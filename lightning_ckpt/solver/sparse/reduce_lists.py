@@ -3,8 +3,8 @@
 ``reduce.reduce_instance`` makes some fifty numpy calls whatever the size (about 1-2 us each), which
 is most of a ``torch.compile``-sized solve (n = 42-54). Below ``LISTS_MAX_ITEMS`` items the same
 steps run on plain lists, in the same order and with the same rules (trivial items, LP fixing against
-the greedy bound with the same safe margin, bundles of identical items, the common divisor), and
-give the same ``Core``: the same items fixed in and out, sorted and bundled alike (the LP bound's sums
+the greedy bound and its best swap with the same safe margin, bundles of identical items, the common
+divisor), and give the same ``Core``: the same items fixed in and out, sorted and bundled alike (the LP bound's sums
 are exactly rounded here, pairwise in numpy; the relative margin of 1e-9 dwarfs that difference, and
 either way a fixed item keeps its LP value in every optimum). The ``torch.compile``-sized solves took
 1.04-1.27x less time with it (``python -m benchmarks.bench.small``, 2026-12-07).
@@ -17,11 +17,13 @@ Example:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 
 import numpy as np
 
-from lightning_ckpt.solver.sparse.reduce import LP_MARGIN_RELATIVE, Core, bundle_sizes
+from lightning_ckpt.solver.sparse.reduce import LP_MARGIN_RELATIVE, SWAP_BELOW_FIXED_SHARE, Core, bundle_sizes
 
 __all__ = ["LISTS_MAX_ITEMS", "reduce_lists"]
 
@@ -70,35 +72,59 @@ def _lp_fix(w: list[int], v: list[float], capacity: int) -> tuple[list[int], lis
         return list(range(len(w))), []
     ratio = ratios[order[brk]]
     z_lp = math.fsum(v[i] for i in order[:brk]) + ratio * (capacity - used)
-    lower = _greedy_lower_bound(w, v, order, capacity, brk, used)
+    total, chosen, left, room = _greedy(w, v, order, capacity, brk, used)
+    lower = max(total, max(v))
     margin = LP_MARGIN_RELATIVE * max(z_lp, 1e-300)
     fixable = [z_lp - abs(v[i] - ratio * w[i]) < lower - margin for i in order]
+    if sum(fixable) * SWAP_BELOW_FIXED_SHARE < len(w):  # a weak bound: raise it by a swap
+        swapped = total + _best_swap(w, v, chosen, left, room)
+        if swapped > lower:
+            fixable = [z_lp - abs(v[i] - ratio * w[i]) < swapped - margin for i in order]
     fixed_in = [i for i, f in zip(order[:brk], fixable, strict=False) if f]
     fixed_out = [i for i, f in zip(order[brk + 1 :], fixable[brk + 1 :], strict=True) if f]
     return fixed_in, fixed_out
 
 
-def _greedy_lower_bound(w: list, v: list, order: list[int], capacity: int, brk: int, used: int) -> float:
-    """The ratio-greedy value: the first ``brk`` items in ``order``, then each later one that fits."""
+def _greedy(w: list, v: list, order: list[int], capacity: int, brk: int, used: int) -> tuple:
+    """``reduce._greedy`` on lists: ``(value, chosen, left out, room left)`` of the ratio-greedy
+    solution (the first ``brk`` items in ``order``, then each later one that fits)."""
     total, room = math.fsum(v[i] for i in order[:brk]), capacity - used
+    chosen, left = order[:brk], []
     for i in order[brk:]:
         if w[i] <= room:
             room -= w[i]
             total += v[i]
-    return max(total, max(v))
+            chosen.append(i)
+        else:
+            left.append(i)
+    return total, chosen, left, room
+
+
+def _best_swap(w: list, v: list, chosen: list[int], left: list[int], room: int) -> float:
+    """``reduce._best_swap`` on lists: the most value one chosen item's place gains from the best
+    left-out item that fits in it (0 if none gains)."""
+    left.sort(key=w.__getitem__)
+    left_weights = list(map(w.__getitem__, left))
+    best = list(itertools.accumulate(map(v.__getitem__, left), max))  # the best of the k lightest
+    gain = 0.0
+    for i in chosen:
+        k = bisect.bisect_right(left_weights, w[i] + room)
+        if k and best[k - 1] - v[i] > gain:
+            gain = best[k - 1] - v[i]
+    return gain
 
 
 def _core(w: list, v: list, taken: list[int], kept: list[int], capacity: int) -> Core:
     """Identical items bundled (1, 2, 4, ... copies), sorted by weight, value and index; divided by
     the weights' common divisor."""
     kept = sorted(sorted(kept, key=v.__getitem__), key=w.__getitem__)  # stable: by weight, value, index
-    pairs = [(w[i], v[i]) for i in kept]
-    if len(set(pairs)) == len(pairs):  # no two items alike: one core item each, no bundles
-        n = len(kept)
-        weights, values = [p[0] for p in pairs], [p[1] for p in pairs]
+    weights, values = [w[i] for i in kept], [v[i] for i in kept]
+    pairs, n = list(zip(weights, values, strict=True)), len(kept)
+    if len(set(pairs)) == n:  # no two items alike: one core item each, no bundles
         group, copies, starts = np.arange(n), np.ones(n, dtype=np.int64), np.arange(n + 1)
     else:
-        weights, values, group_list, copy_list, start_list = _bundles(pairs)
+        repeats = [j for j in range(1, n) if pairs[j] == pairs[j - 1]]
+        weights, values, group_list, copy_list, start_list = _bundles(weights, values, repeats)
         group, copies = np.array(group_list, dtype=np.int64), np.array(copy_list, dtype=np.int64)
         starts = np.array(start_list, dtype=np.int64)
     divisor = math.gcd(*weights) if weights else 1
@@ -116,16 +142,24 @@ def _core(w: list, v: list, taken: list[int], kept: list[int], capacity: int) ->
     )
 
 
-def _bundles(pairs: list[tuple[int, float]]) -> tuple[list, list, list, list, list]:
-    """``(weights, values, group, copies, starts)`` of the bundles of sorted ``(weight, value)`` pairs."""
-    starts = [j for j in range(len(pairs)) if not j or pairs[j] != pairs[j - 1]] + [len(pairs)]
-    weights, values, group, copies = [], [], [], []
-    for g, (start, end) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
-        weight, value = pairs[start]
-        sizes = [1] if end - start == 1 else bundle_sizes(end - start)
-        for size in sizes:
-            weights.append(weight * size)
-            values.append(value * size)
-            group.append(g)
+def _bundles(weights: list, values: list, repeats: list[int]) -> tuple[list, list, list, list, list]:
+    """``(weights, values, group, copies, starts)`` of the bundles of items sorted by weight and value,
+    where ``repeats`` lists the positions that repeat the item before them (at least one). Groups of
+    one or two items stay as they are (two copies make two bundles of one); only longer ones are
+    rebuilt."""
+    repeated, starts, group = set(repeats), [], []
+    for j in range(len(weights)):
+        if j not in repeated:
+            starts.append(j)
+        group.append(len(starts) - 1)
+    starts.append(len(weights))
+    if all(end - start <= 2 for start, end in zip(starts, starts[1:], strict=False)):
+        return weights, values, group, [1] * len(weights), starts
+    out_w, out_v, out_g, copies = [], [], [], []
+    for g, (start, end) in enumerate(zip(starts, starts[1:], strict=False)):
+        for size in [1] if end - start == 1 else bundle_sizes(end - start):
+            out_w.append(weights[start] * size)
+            out_v.append(values[start] * size)
+            out_g.append(g)
             copies.append(size)
-    return weights, values, group, copies, starts
+    return out_w, out_v, out_g, copies, starts
