@@ -160,6 +160,12 @@ def cell_updates(weights: np.ndarray, capacity: int) -> int:
         >>> cell_updates(np.array([2, 3]), 10)  # item 1: c = 2..2, item 2: c = 3..5
         4
     """
+    if len(weights) <= 64:  # a leaf's few dozen items: plain ints, under numpy's seven calls
+        total = cells = 0
+        for w in np.asarray(weights).tolist():
+            total += w
+            cells += max((total if total < capacity else capacity) - w + 1, 0)
+        return int(cells)
     weights = np.asarray(weights, dtype=np.float64)
     reach = np.minimum(np.cumsum(weights), capacity)
     return int(np.maximum(reach - weights + 1, 0).sum())
