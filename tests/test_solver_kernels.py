@@ -138,6 +138,11 @@ def test_best_split_kernels_pick_the_first_maximum():
 
 def test_cell_updates_counts_clipped_cells():
     assert cell_updates(np.array([4, 4, 4]), 10) == 1 + 5 + 7  # reaches 4, 8, 10
+    rng = np.random.default_rng(3)
+    for _ in range(300):  # plain ints up to 64 items, numpy above: the same count
+        weights, capacity = rng.integers(0, 200, int(rng.integers(0, 130))), int(rng.integers(0, 3000))
+        reach = np.minimum(np.cumsum(weights), capacity)
+        assert cell_updates(weights, capacity) == int(np.maximum(reach - weights + 1, 0).sum())
 
 
 @pytest.mark.parametrize("family", FAMILIES)
