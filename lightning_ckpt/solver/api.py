@@ -172,8 +172,8 @@ def solve_knapsack(
     workers = _usable_workers(int(workers))
     options = resolve_options(options)
     n = len(weight_array)
-    stats = SolveStats(method, KERNEL, n, capacity, core_items=n, core_capacity=capacity)
     if caps is not None:
+        stats = SolveStats(method, KERNEL, n, capacity, core_items=n, core_capacity=capacity)
         chosen, stats = _solve_with_caps(weight_array, value_array, capacity, caps, stats, workers, options)
     elif method in ("auto", "hirschberg"):
         run = solve_capped(
@@ -196,13 +196,15 @@ def solve_knapsack(
             run.workers_used,
             run.path,
         )
-    elif method == "dp":
-        chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)
-    elif method == "ilp":
-        ilp = lambda: baselines.ilp(weight_array, value_array, capacity, options.ilp_time_limit_s)  # noqa: E731
-        chosen = interrupt.run_interruptibly(ilp, None)
     else:
-        chosen = baselines.greedy(weight_array, value_array, capacity)
+        stats = SolveStats(method, KERNEL, n, capacity, core_items=n, core_capacity=capacity)
+        if method == "dp":
+            chosen = baselines.dp_table(weight_array, value_array, capacity, options.dp_table_limit_bytes)
+        elif method == "ilp":
+            ilp = lambda: baselines.ilp(weight_array, value_array, capacity, options.ilp_time_limit_s)  # noqa: E731
+            chosen = interrupt.run_interruptibly(ilp, None)
+        else:
+            chosen = baselines.greedy(weight_array, value_array, capacity)
     result = _result(weight_array, value_array, chosen, stats)
     if result.weight > capacity:  # a last guard: no method may ever answer over the capacity
         raise AssertionError(f"solver {method!r} chose weight {result.weight} over capacity {capacity}")

@@ -14,7 +14,7 @@ import os
 
 from lightning_ckpt.solver.runtime.limits import mappable_bytes
 
-__all__ = ["available_bytes", "check_fits"]
+__all__ = ["UNCHECKED_BYTES", "available_bytes", "check_fits"]
 
 
 def available_bytes() -> int | None:
@@ -31,13 +31,20 @@ def _physical_bytes() -> int | None:
         return None
 
 
+UNCHECKED_BYTES = 64 << 10
+"""Allocations up to this size are not checked against the available memory: a process that cannot
+find 64 KiB cannot go on anyway, and the four system calls of ``available_bytes`` (about 4 us) are
+a tenth of the DP of a ``torch.compile``-sized solve."""
+
+
 def check_fits(needed_bytes: int, limit_bytes: int | None, what: str, advice: str) -> None:
-    """Raise ``MemoryError`` if ``needed_bytes`` exceeds the limit or the available memory.
+    """Raise ``MemoryError`` if ``needed_bytes`` exceeds the limit or the available memory (the
+    latter asked only above ``UNCHECKED_BYTES``).
 
     Raises:
         MemoryError: naming the size needed, the limit, and ``advice`` (what to do instead).
     """
-    available = available_bytes()
+    available = available_bytes() if needed_bytes > UNCHECKED_BYTES else None
     limits = [x for x in (limit_bytes, available) if x is not None]
     if limits and needed_bytes > min(limits):
         room = mappable_bytes()

@@ -28,6 +28,8 @@ VALUE_KIND = "finite real numbers >= 0"
 
 def as_integral(x: object, high: int) -> int | None:
     """``x`` as an int when it is exactly an integer in ``[0, high]`` (never a bool), else None."""
+    if type(x) is int:  # the common case, without the ABC checks (a bool's type is bool)
+        return x if 0 <= x <= high else None
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
         return None
     if not isinstance(x, numbers.Integral):

@@ -58,7 +58,9 @@ def refuse_masked(name: str, seq: object, kind: str) -> None:
 
 def _to_array(name: str, seq: object, kind: str) -> np.ndarray:
     refuse_masked(name, seq, kind)
-    if isinstance(seq, (str, bytes)) or not isinstance(seq, (Sequence, np.ndarray)):
+    if isinstance(seq, (str, bytes)) or not isinstance(
+        seq, (np.ndarray, Sequence)
+    ):  # ndarray first: no ABC check
         raise ValueError(f"`{name}` must be a sequence of {kind}, got {type(seq).__name__}")
     try:
         array = np.asarray(seq)
