@@ -2,12 +2,13 @@
 
 ``reduce.reduce_instance`` makes some fifty numpy calls whatever the size (about 1-2 us each), which
 is most of a ``torch.compile``-sized solve (n = 42-54). Below ``LISTS_MAX_ITEMS`` items the same
-steps run on plain lists, in the same order and with the same rules (trivial items, LP fixing against
-the greedy bound and its best swap with the same safe margin, bundles of identical items, the common
-divisor), and give the same ``Core``: the same items fixed in and out, sorted and bundled alike (the LP bound's sums
-are exactly rounded here, pairwise in numpy; the relative margin of 1e-9 dwarfs that difference, and
-either way a fixed item keeps its LP value in every optimum). The ``torch.compile``-sized solves took
-1.04-1.27x less time with it (``python -m benchmarks.bench.small``, 2026-12-07).
+steps run on plain lists, in the same order and with the same rules (trivial items, LP fixing
+against the greedy bound and its best swap with the same safe margin, bundles of identical items,
+the common divisor), and give the same ``Core``: the same items fixed in and out, sorted and bundled
+alike (the LP bound's sums are exactly rounded here, pairwise in numpy; the relative margin of 1e-9
+dwarfs that difference, and either way a fixed item keeps its LP value in every optimum). The
+``torch.compile``-sized solves took 1.04-1.27x less time with it (``python -m
+benchmarks.bench.small``, 2026-12-07).
 
 Example:
     >>> core = reduce_lists(np.array([0, 5, 2, 2]), np.array([1.0, 9.0, 1.0, 0.0]), 4)
