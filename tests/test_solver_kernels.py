@@ -136,6 +136,17 @@ def test_best_split_kernels_pick_the_first_maximum():
         assert kernels.best_split(left, right, 3) == 1  # c=1: 2+1, c=2: 2+1, c=3: 3+0
 
 
+def test_windows_on_lists_and_in_numpy_agree():
+    rng = np.random.default_rng(4)
+    for _ in range(500):  # up to LIST_ITEMS on plain ints, numpy above
+        weights, capacity = rng.integers(0, 60, int(rng.integers(0, 130))), int(rng.integers(0, 400))
+        small = _kernels_numpy._windows_on_lists(weights.tolist(), capacity)
+        padded = np.concatenate([weights, np.full(_kernels_numpy.LIST_ITEMS + 1, capacity + 1)])
+        large = _kernels_numpy.windows(padded, capacity)  # heavier items: numpy, the same prefix
+        assert small == tuple(x[: len(weights)] for x in large)
+        assert _kernels_numpy.windows(weights, capacity) == small
+
+
 def test_cell_updates_counts_clipped_cells():
     assert cell_updates(np.array([4, 4, 4]), 10) == 1 + 5 + 7  # reaches 4, 8, 10
     rng = np.random.default_rng(3)

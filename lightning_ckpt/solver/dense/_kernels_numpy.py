@@ -134,11 +134,37 @@ def windows(weights: np.ndarray, capacity: int) -> tuple[list[int], list[int], l
         >>> windows(np.array([2, 3, 4]), 5)
         ([2, 3, 4], [2, 5, 5], [0, 1, 5])
     """
+    if len(weights) <= LIST_ITEMS:
+        return _windows_on_lists(weights.tolist(), capacity)
     fits = np.where(weights <= capacity, weights, 0)
     total = np.cumsum(fits)  # int64: validated weights sum to at most 2**62
     reach = np.minimum(total, capacity)
     least = np.minimum.accumulate((reach - total)[::-1])[::-1]
     return weights.tolist(), reach.tolist(), np.maximum(total + least, 0).tolist()
+
+
+LIST_ITEMS = 64
+"""Up to this many items ``windows`` runs on plain ints: 10-14 us less on a 54-item leaf within a
+whole solve, where numpy's calls cost more than the loop; above it numpy's (a Hirschberg of 240
+items, C n = 300 W = 1e4, was 2-3% slower on lists)."""
+
+
+def _windows_on_lists(sizes: list[int], capacity: int) -> tuple[list[int], list[int], list[int]]:
+    """``windows`` on plain ints (the same lists)."""
+    totals, reach_after, total = [], [], 0
+    for w in sizes:
+        if w <= capacity:
+            total += w
+        totals.append(total)
+        reach_after.append(total if total < capacity else capacity)
+    low, least = [0] * len(sizes), 0
+    for i in range(len(sizes) - 1, -1, -1):  # least: min over j >= i of reach_after[j] - totals[j]
+        gap = reach_after[i] - totals[i]
+        if gap < least:
+            least = gap
+        if totals[i] + least > 0:
+            low[i] = totals[i] + least
+    return sizes, reach_after, low
 
 
 def _fill_rows(sizes, gains, capacity, reach_after, low, stop) -> list[np.ndarray] | None:

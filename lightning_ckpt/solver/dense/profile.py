@@ -160,7 +160,7 @@ def cell_updates(weights: np.ndarray, capacity: int) -> int:
         >>> cell_updates(np.array([2, 3]), 10)  # item 1: c = 2..2, item 2: c = 3..5
         4
     """
-    if len(weights) <= 64:  # a leaf's few dozen items: plain ints, under numpy's seven calls
+    if len(weights) <= _kernels_numpy.LIST_ITEMS:  # a leaf's few dozen items: plain ints, under numpy's calls
         total = cells = 0
         for w in np.asarray(weights).tolist():
             total += w
