@@ -271,10 +271,10 @@ def test_reduce_lists_gives_reduce_instances_core():
             assert np.array_equal(core.weights, expected.weights) and core.capacity == expected.capacity
 
 
-def test_the_greedy_bounds_best_swap_fixes_strongly_correlated_items(monkeypatch):
+def test_one_move_from_the_break_solution_fixes_strongly_correlated_items(monkeypatch):
     """On strongly correlated items (the recorded ``torch.compile`` family B) the greedy bound fixes
-    nothing; raised by its best single swap it fixes most items, on lists and in numpy alike, and the
-    answer is HiGHS's optimum."""
+    nothing; raised to the best set one move from the break solution it fixes most items, on lists and
+    in numpy alike, and the answer is HiGHS's optimum."""
     from lightning_ckpt.solver import solve_knapsack
 
     pytest.importorskip("scipy")
@@ -284,7 +284,7 @@ def test_the_greedy_bounds_best_swap_fixes_strongly_correlated_items(monkeypatch
         on_lists = reduce_lists.reduce_lists(weights, values, capacity)
         assert np.array_equal(on_lists.members, swapped.members) and on_lists.capacity == swapped.capacity
         with monkeypatch.context() as patched:  # no swap: the greedy bound alone
-            patched.setattr(reduce, "_best_swap", lambda *_: 0.0)
+            patched.setattr(reduce, "best_swap", lambda *_: (0.0, -1, -1))
             patched.setattr(reduce_lists, "_best_swap", lambda *_: 0.0)
             plain = reduce.reduce_instance(weights, values, capacity)
             assert len(reduce_lists.reduce_lists(weights, values, capacity).members) == len(plain.members)

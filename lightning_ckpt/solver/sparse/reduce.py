@@ -6,9 +6,9 @@ the optimum of the original. ``reduce_instance`` chains them and returns a ``Cor
 
 Steps: take zero-weight items; drop items heavier than the capacity and zero-value items; take
 everything when everything fits; fix items by the LP (Dantzig) bound against a greedy lower
-bound (Dembo-Hammer), raised by its best single swap where it fixes few items; merge repeated
-identical items into binary bundles (1, 2, 4, ...); divide weights and capacity (floor) by the
-weights' common divisor.
+bound (Dembo-Hammer), raised to the best set one move from the break solution where it fixes few
+items; merge repeated identical items into binary bundles (1, 2, 4, ...); divide weights and
+capacity (floor) by the weights' common divisor.
 
 Example:
     >>> core = reduce_instance(np.array([0, 5, 2, 2]), np.array([1.0, 9.0, 1.0, 0.0]), 4)
@@ -22,6 +22,8 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+
+from lightning_ckpt.solver.sparse.bounds import best_swap
 
 __all__ = [
     "LP_MARGIN_RELATIVE",
@@ -38,12 +40,13 @@ __all__ = [
 LP_MARGIN_RELATIVE = 1e-9
 
 SWAP_BELOW_FIXED_SHARE = 8
-"""The greedy lower bound is raised by its best single swap (``_best_swap``) only where it fixes
-fewer than one item in this many: there it is weak. Measured on the bench's families, seeds 1-5,
-n = 42-100: strongly correlated items (B) had none fixed in 14 of 15 instances, and 4-91 once
-swapped (19-32 on the recorded ``torch.compile`` instances). Elsewhere the swap fixed 0-16 more
-items where the greedy already fixed a third or more (A), none on family C, and it costs 10-13 us
-on lists and 30-40 us in numpy (n = 300)."""
+"""Where the greedy lower bound fixes fewer than one item in this many, it is raised to the best set
+one move from the break solution (``bounds.best_swap``, which ``minknap`` uses on hard instances):
+there the greedy is weak. Measured on the bench's families, seeds 1-5, n = 42-100: strongly
+correlated items (B) had none fixed in 14 of 15 instances, and 4-91 after the move (19-32 on the
+recorded ``torch.compile`` instances). Elsewhere the move fixed 0-16 more items where the greedy
+already fixed a third or more (A), none on family C, and it costs 10-13 us on lists and 30-40 us in
+numpy (n = 300)."""
 
 
 @dataclass(frozen=True)
@@ -103,49 +106,21 @@ def _trivial(weights, values, index, capacity):
     return taken, kept
 
 
-def _greedy(weights: np.ndarray, values: np.ndarray, capacity: int, brk: int) -> tuple[float, list[int], int]:
-    """The ratio-greedy solution (items sorted by ratio, best first; the first ``brk`` fit together;
-    every weight at most ``capacity``): ``(value, the later items it adds, room left)``. Past the
-    first ``brk`` only items lighter than the room left can fit (it only shrinks); values are added
-    one by one in item order, as a plain loop over all items would."""
+def _greedy_lower_bound(weights: np.ndarray, values: np.ndarray, capacity: int, brk: int) -> float:
+    """Value of the ratio-greedy solution (items sorted by ratio, best first; the first ``brk`` fit
+    together; every weight at most ``capacity``). Past them only items lighter than the room left
+    can fit (it only shrinks); values are added one by one in item order, as a plain loop over all
+    items would."""
     total = 0.0
     for v in values[:brk].tolist():
         total += v
     room = capacity - int_total(weights[:brk])
-    light, added = np.flatnonzero(weights[brk:] <= room) + brk, []
-    for i, w, v in zip(light.tolist(), weights[light].tolist(), values[light].tolist(), strict=True):
+    light = np.flatnonzero(weights[brk:] <= room) + brk
+    for w, v in zip(weights[light].tolist(), values[light].tolist(), strict=True):
         if w <= room:
             room -= w
             total += v
-            added.append(i)
-    return total, added, room
-
-
-def _best_swap(weights: np.ndarray, values: np.ndarray, brk: int, added: list[int], room: int) -> float:
-    """The most value a solution (the first ``brk`` items and those ``added``, ``room`` capacity
-    unused) gains by putting one left-out item in one chosen item's place, where it fits (0 if no
-    swap gains): the greedy's
-    classic improvement (Martello and Toth). On strongly correlated items (value = weight + a
-    constant) the greedy leaves room unused that one swap fills, and its lower bound then reaches the
-    optimum often enough to fix most items (family B n = 42-54: 19-32 items fixed, none before).
-
-    Example:
-        >>> _best_swap(np.array([3, 4, 5]), np.array([4.0, 5.0, 6.0]), 1, [], 2)
-        2.0
-    """
-    chosen = np.zeros(len(weights), dtype=np.bool_)
-    chosen[:brk] = True
-    chosen[added] = True
-    left = np.flatnonzero(~chosen)
-    if not len(left) or not chosen.any():
-        return 0.0
-    by_weight = left[np.argsort(weights[left], kind="stable")]
-    best = np.maximum.accumulate(values[by_weight])  # the best value among the k lightest left out
-    k = np.searchsorted(weights[by_weight], weights[chosen] + room, side="right")
-    fits = k > 0
-    if not fits.any():
-        return 0.0
-    return max(0.0, float((best[k[fits] - 1] - values[chosen][fits]).max()))
+    return max(total, float(values.max(initial=0.0)))  # the best single item: every weight fits
 
 
 def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -153,7 +128,7 @@ def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.n
 
     With ``r`` the ratio of the break item, any solution has value at most
     ``z_lp - |v_j - r * w_j|`` when it flips item ``j`` from its LP value. Items whose bound is
-    below the greedy lower bound (by a safe margin; raised by its best swap where it fixes few items)
+    below the greedy lower bound (by a safe margin; raised by one move where it fixes few items)
     keep their LP value in every optimum.
 
     Returns:
@@ -174,13 +149,12 @@ def lp_fix(weights: np.ndarray, values: np.ndarray, capacity: int) -> tuple[np.n
     ratio = v[brk] / w[brk]
     used = int(prefix[brk - 1]) if brk else 0
     z_lp = float(v[:brk].sum()) + ratio * (capacity - used)
-    total, added, room = _greedy(w, v, capacity, brk)
-    lower = max(total, float(v.max()))  # the greedy, or the best single item (every weight fits)
+    lower = _greedy_lower_bound(w, v, capacity, brk)
     margin = LP_MARGIN_RELATIVE * max(z_lp, 1e-300)
     bound = z_lp - np.abs(v - ratio * w)
     fixable = bound < lower - margin
     if np.count_nonzero(fixable) * SWAP_BELOW_FIXED_SHARE < len(w):  # a weak bound: raise it by a swap
-        swapped = total + _best_swap(w, v, brk, added, room)
+        swapped = best_swap(w, v, capacity)[0]  # the best set one move from the break solution
         if swapped > lower:
             lower, fixable = swapped, bound < swapped - margin
     if not fixable.any():  # strongly correlated items: nothing to scatter back (B n=54: 18 us, now 13)

@@ -3,7 +3,7 @@
 ``reduce.reduce_instance`` makes some fifty numpy calls whatever the size (about 1-2 us each), which
 is most of a ``torch.compile``-sized solve (n = 42-54). Below ``LISTS_MAX_ITEMS`` items the same
 steps run on plain lists, in the same order and with the same rules (trivial items, LP fixing
-against the greedy bound and its best swap with the same safe margin, bundles of identical items,
+against the greedy bound (raised by one move) with the same safe margin, bundles of identical items,
 the common divisor), and give the same ``Core``: the same items fixed in and out, sorted and bundled
 alike (the LP bound's sums are exactly rounded here, pairwise in numpy; the relative margin of 1e-9
 dwarfs that difference, and either way a fixed item keeps its LP value in every optimum). The
@@ -72,13 +72,13 @@ def _lp_fix(w: list[int], v: list[float], capacity: int) -> tuple[list[int], lis
     if brk == len(w):
         return list(range(len(w))), []
     ratio = ratios[order[brk]]
-    z_lp = math.fsum(v[i] for i in order[:brk]) + ratio * (capacity - used)
-    total, chosen, left, room = _greedy(w, v, order, capacity, brk, used)
-    lower = max(total, max(v))
+    base, room = math.fsum(v[i] for i in order[:brk]), capacity - used  # the break solution
+    z_lp = base + ratio * room
+    lower = _greedy_lower_bound(w, v, order[brk:], base, room)
     margin = LP_MARGIN_RELATIVE * max(z_lp, 1e-300)
     fixable = [z_lp - abs(v[i] - ratio * w[i]) < lower - margin for i in order]
     if sum(fixable) * SWAP_BELOW_FIXED_SHARE < len(w):  # a weak bound: raise it by a swap
-        swapped = total + _best_swap(w, v, chosen, left, room)
+        swapped = _best_swap(w, v, order, brk, base, room)
         if swapped > lower:
             fixable = [z_lp - abs(v[i] - ratio * w[i]) < swapped - margin for i in order]
     fixed_in = [i for i, f in zip(order[:brk], fixable, strict=False) if f]
@@ -86,33 +86,34 @@ def _lp_fix(w: list[int], v: list[float], capacity: int) -> tuple[list[int], lis
     return fixed_in, fixed_out
 
 
-def _greedy(w: list, v: list, order: list[int], capacity: int, brk: int, used: int) -> tuple:
-    """``reduce._greedy`` on lists: ``(value, chosen, left out, room left)`` of the ratio-greedy
-    solution (the first ``brk`` items in ``order``, then each later one that fits)."""
-    total, room = math.fsum(v[i] for i in order[:brk]), capacity - used
-    chosen, left = order[:brk], []
-    for i in order[brk:]:
+def _greedy_lower_bound(w: list, v: list, rest: list[int], base: float, room: int) -> float:
+    """The ratio-greedy value: the break solution's ``base`` (``room`` left), then each item of
+    ``rest`` (in efficiency order) that fits."""
+    total = base
+    for i in rest:
         if w[i] <= room:
             room -= w[i]
             total += v[i]
-            chosen.append(i)
-        else:
-            left.append(i)
-    return total, chosen, left, room
+    return max(total, max(v))
 
 
-def _best_swap(w: list, v: list, chosen: list[int], left: list[int], room: int) -> float:
-    """``reduce._best_swap`` on lists: the most value one chosen item's place gains from the best
-    left-out item that fits in it (0 if none gains)."""
-    left.sort(key=w.__getitem__)
-    left_weights = list(map(w.__getitem__, left))
-    best = list(itertools.accumulate(map(v.__getitem__, left), max))  # the best of the k lightest
+def _best_swap(w: list, v: list, order: list[int], brk: int, base: float, room: int) -> float:
+    """``bounds.best_swap``'s value on lists: the best set one move from the break solution (the first
+    ``brk`` items in ``order``, value ``base``, ``room`` left): one item added where it fits, or added
+    in place of the least valuable item in at least as heavy as it needs."""
+    inside = sorted(order[:brk], key=w.__getitem__)
+    in_weights = list(map(w.__getitem__, inside))
+    cheapest = list(itertools.accumulate(map(v.__getitem__, reversed(inside)), min))[::-1]
     gain = 0.0
-    for i in chosen:
-        k = bisect.bisect_right(left_weights, w[i] + room)
-        if k and best[k - 1] - v[i] > gain:
-            gain = best[k - 1] - v[i]
-    return gain
+    for j in order[brk:]:
+        if w[j] <= room:
+            more = v[j]
+        else:
+            k = bisect.bisect_left(in_weights, w[j] - room)
+            more = v[j] - cheapest[k] if k < brk else 0.0
+        if more > gain:
+            gain = more
+    return base + gain if gain > 0 else base
 
 
 def _core(w: list, v: list, taken: list[int], kept: list[int], capacity: int) -> Core:
