@@ -158,7 +158,7 @@ def test_dp_refuses_a_table_that_does_not_fit():
 
 
 def test_the_o_w_method_out_of_memory_advises_something_else_than_itself(monkeypatch):
-    monkeypatch.setattr(fits, "available_bytes", lambda: 1000)
+    monkeypatch.setattr(fits, "_physical_bytes", lambda: 1000)
     with pytest.raises(MemoryError, match=r"profiles \(capacity 10000\).*lower the capacity") as caught:
         solve_knapsack([3, 4, 5] * 1000, [4.0, 5.0, 6.0] * 1000, 10_000, method="hirschberg")
     assert "method=" not in str(caught.value)

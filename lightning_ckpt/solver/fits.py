@@ -14,14 +14,7 @@ import os
 
 from lightning_ckpt.solver.runtime.limits import mappable_bytes
 
-__all__ = ["UNCHECKED_BYTES", "available_bytes", "check_fits"]
-
-
-def available_bytes() -> int | None:
-    """Memory this process may still allocate: the physical memory available, or less where its
-    ``ulimit -v``/``-d`` leaves less room (``runtime.limits``); None where the OS does not say."""
-    known = [x for x in (_physical_bytes(), mappable_bytes()) if x is not None]
-    return min(known) if known else None
+__all__ = ["UNCHECKED_BYTES", "check_fits"]
 
 
 def _physical_bytes() -> int | None:
@@ -33,21 +26,21 @@ def _physical_bytes() -> int | None:
 
 UNCHECKED_BYTES = 64 << 10
 """Allocations up to this size are not checked against the available memory: a process that cannot
-find 64 KiB cannot go on anyway, and the four system calls of ``available_bytes`` (about 4 us) are
-a tenth of the DP of a ``torch.compile``-sized solve."""
+find 64 KiB cannot go on anyway, and the four system calls that read the limits (about 4 us) are a
+tenth of the DP of a ``torch.compile``-sized solve."""
 
 
 def check_fits(needed_bytes: int, limit_bytes: int | None, what: str, advice: str) -> None:
-    """Raise ``MemoryError`` if ``needed_bytes`` exceeds the limit or the available memory (the
-    latter asked only above ``UNCHECKED_BYTES``).
+    """Raise ``MemoryError`` if ``needed_bytes`` exceeds the limit or the memory this process may still
+    allocate: the physical memory available, or less where its ``ulimit -v``/``-d`` leaves less room
+    (``runtime.limits``), each read once and only above ``UNCHECKED_BYTES``.
 
     Raises:
         MemoryError: naming the size needed, the limit, and ``advice`` (what to do instead).
     """
-    available = available_bytes() if needed_bytes > UNCHECKED_BYTES else None
-    limits = [x for x in (limit_bytes, available) if x is not None]
+    physical, room = (_physical_bytes(), mappable_bytes()) if needed_bytes > UNCHECKED_BYTES else (None, None)
+    limits = [x for x in (limit_bytes, physical, room) if x is not None]  # each read once
     if limits and needed_bytes > min(limits):
-        room = mappable_bytes()
         if room is not None and room == min(limits):
             source, advice = (
                 "the room left under this process's `ulimit -v`/`-d`",
