@@ -56,9 +56,11 @@ def _break_solution(weights: np.ndarray, capacity: int) -> int:
 
 
 def _bounds(fw: np.ndarray, fv: np.ndarray, capacity: int, add_ratio: float, drop_ratio: float) -> np.ndarray:
-    over = fw > capacity
-    with np.errstate(invalid="ignore"):  # both sides are computed: 0 * inf (x = c) is nan in the unused one
-        return np.where(over, fv - (fw - capacity) * drop_ratio, fv + (capacity - fw) * add_ratio)
+    """Each state's bound, ``fv + (capacity - fw) * r`` with ``r`` the ratio its side may use: the
+    same floats as ``fv - (fw - capacity) * drop_ratio`` over the capacity (negation is exact), and
+    no ``0 * inf`` (a state at the capacity takes ``add_ratio``), so no error state to switch off."""
+    room = capacity - fw
+    return fv + room * np.where(room < 0, drop_ratio, add_ratio)
 
 
 def solve_minknap(

@@ -42,11 +42,13 @@ LP_MARGIN_RELATIVE = 1e-9
 SWAP_BELOW_FIXED_SHARE = 8
 """Where the greedy lower bound fixes fewer than one item in this many, it is raised to the best set
 one move from the break solution (``bounds.best_swap``, which ``minknap`` uses on hard instances):
-there the greedy is weak. Measured on the bench's families, seeds 1-5, n = 42-100: strongly
-correlated items (B) had none fixed in 14 of 15 instances, and 4-91 after the move (19-32 on the
-recorded ``torch.compile`` instances). Elsewhere the move fixed 0-16 more items where the greedy
-already fixed a third or more (A), none on family C, and it costs 10-13 us on lists and 30-40 us in
-numpy (n = 300)."""
+there the greedy is weak. Measured on the bench's families, seeds 1-5, n = 42-1000: strongly
+correlated items (B) had none fixed in 29 of 30 instances, and 4-685 after the move (19-32 of the
+recorded ``torch.compile`` instances' 42-54); family C's instances with none fixed, 0-124 after it.
+The move costs about 12 us on lists (n = 54) and 24-27 us in numpy (n = 54-300). It would also fix
+10-24 more items on some of family A's instances, where the greedy fixes a third to a half; on the
+recorded ones (seed 1) a rule of one in two would only add the move to C n = 48, which it leaves as
+it is."""
 
 
 @dataclass(frozen=True)
