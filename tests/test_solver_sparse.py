@@ -246,3 +246,21 @@ def test_where_the_dense_kernel_streams_the_sparse_states_get_more_room_and_answ
     streaming = solve_knapsack(weights, values, capacity, options=SolverOptions(group_window=1024))
     assert (cached.stats.path, streaming.stats.path) == ("hirschberg", "sparse")
     assert streaming.value == pytest.approx(cached.value, rel=1e-12) and streaming.weight <= capacity
+
+
+def test_minknap_bounds_are_the_two_sided_formula():
+    """``fv + (capacity - fw) * r`` with the ratio of each state's side gives the floats of the two
+    formulas (dropping at ``drop_ratio`` over the capacity, adding at ``add_ratio`` up to it), also at
+    the capacity itself, with no ratio past the ends (0 and infinity)."""
+    from lightning_ckpt.solver.sparse import minknap
+
+    rng = np.random.default_rng(5)
+    for _ in range(1000):
+        n, capacity = int(rng.integers(1, 40)), int(rng.integers(0, 10**8))
+        fw, fv = rng.integers(0, 2 * 10**8 + 1, n), rng.random(n) * 1e8
+        fw[0] = capacity
+        add = float(rng.random() * 3) if rng.random() < 0.8 else 0.0
+        drop = add + float(rng.random() * 3) if rng.random() < 0.8 else np.inf
+        with np.errstate(invalid="ignore"):
+            expected = np.where(fw > capacity, fv - (fw - capacity) * drop, fv + (capacity - fw) * add)
+        np.testing.assert_array_equal(minknap._bounds(fw, fv, capacity, add, drop), expected)
