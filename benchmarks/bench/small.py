@@ -33,9 +33,10 @@ import numpy as np
 from benchmarks.bench.fresh import child_line
 
 _CODE = """
-import json, sys, time
+import inspect, json, sys, time
 import numpy as np
 from lightning_ckpt.solver import solve_knapsack
+capped = "prefix_capacities" in inspect.signature(solve_knapsack).parameters
 if {numba}:
     try:
         from lightning_ckpt.solver.runtime import backend
@@ -50,10 +51,9 @@ for name in {names!r}:
     caps = {{}}
     if name + ".take" in arrays:
         caps = {{"prefix_capacities": arrays[name + ".take"], "skip_capacities": arrays[name + ".skip"]}}
-    try:
-        solve_knapsack(w, v, cap, **caps)
-    except TypeError:  # a tree without prefix capacities
+    if caps and not capped:  # a tree without prefix capacities
         continue
+    solve_knapsack(w, v, cap, **caps)
     times, spent = [], 0.0
     while spent < 0.2 or len(times) < 5:
         start = time.perf_counter()
@@ -66,7 +66,7 @@ print(json.dumps(best))
 
 
 _FRESH_CODE = """
-import time
+import inspect, time
 import numpy as np
 from lightning_ckpt.solver import solve_knapsack
 arrays = np.load({path!r})
@@ -75,12 +75,12 @@ w, v, cap = arrays[name + ".w"], arrays[name + ".v"], int(arrays[name + ".cap"])
 caps = {{}}
 if name + ".take" in arrays:
     caps = {{"prefix_capacities": arrays[name + ".take"], "skip_capacities": arrays[name + ".skip"]}}
-start = time.perf_counter()
-try:
+if caps and "prefix_capacities" not in inspect.signature(solve_knapsack).parameters:
+    print(float("nan"))  # a tree without prefix capacities
+else:
+    start = time.perf_counter()
     solve_knapsack(w, v, cap, **caps)
-except TypeError:  # a tree without prefix capacities
-    start = float("nan")
-print(time.perf_counter() - start)
+    print(time.perf_counter() - start)
 """
 
 

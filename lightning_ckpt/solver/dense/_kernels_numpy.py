@@ -123,6 +123,12 @@ def solve_leaf_rows(
     return chosen
 
 
+LIST_ITEMS = 64
+"""Up to this many items ``windows`` runs on plain ints: 10-14 us less on a 54-item leaf within a
+whole solve, where numpy's calls cost more than the loop; above it numpy's (a Hirschberg of 240
+items, C n = 300 W = 1e4, was 2-3% slower on lists)."""
+
+
 def windows(weights: np.ndarray, capacity: int) -> tuple[list[int], list[int], list[int]]:
     """``(sizes, reach_after, low)``: the weights as ints; the most weight the items up to ``i``
     reach (at most ``capacity``); for an item that fits, the least capacity a backtrack from
@@ -141,12 +147,6 @@ def windows(weights: np.ndarray, capacity: int) -> tuple[list[int], list[int], l
     reach = np.minimum(total, capacity)
     least = np.minimum.accumulate((reach - total)[::-1])[::-1]
     return weights.tolist(), reach.tolist(), np.maximum(total + least, 0).tolist()
-
-
-LIST_ITEMS = 64
-"""Up to this many items ``windows`` runs on plain ints: 10-14 us less on a 54-item leaf within a
-whole solve, where numpy's calls cost more than the loop; above it numpy's (a Hirschberg of 240
-items, C n = 300 W = 1e4, was 2-3% slower on lists)."""
 
 
 def _windows_on_lists(sizes: list[int], capacity: int) -> tuple[list[int], list[int], list[int]]:

@@ -113,7 +113,7 @@ def _best_swap(w: list, v: list, order: list[int], brk: int, base: float, room: 
             more = v[j] - cheapest[k] if k < brk else 0.0
         if more > gain:
             gain = more
-    return base + gain if gain > 0 else base
+    return base + gain  # + 0.0 where no move gains: base itself
 
 
 def _core(w: list, v: list, taken: list[int], kept: list[int], capacity: int) -> Core:
@@ -146,17 +146,9 @@ def _core(w: list, v: list, taken: list[int], kept: list[int], capacity: int) ->
 
 def _bundles(weights: list, values: list, repeats: list[int]) -> tuple[list, list, list, list, list]:
     """``(weights, values, group, copies, starts)`` of the bundles of items sorted by weight and value,
-    where ``repeats`` lists the positions that repeat the item before them (at least one). Groups of
-    one or two items stay as they are (two copies make two bundles of one); only longer ones are
-    rebuilt."""
-    repeated, starts, group = set(repeats), [], []
-    for j in range(len(weights)):
-        if j not in repeated:
-            starts.append(j)
-        group.append(len(starts) - 1)
-    starts.append(len(weights))
-    if all(end - start <= 2 for start, end in zip(starts, starts[1:], strict=False)):
-        return weights, values, group, [1] * len(weights), starts
+    where ``repeats`` lists the positions that repeat the item before them."""
+    repeated = set(repeats)
+    starts = [j for j in range(len(weights)) if j not in repeated] + [len(weights)]
     out_w, out_v, out_g, copies = [], [], [], []
     for g, (start, end) in enumerate(zip(starts, starts[1:], strict=False)):
         for size in [1] if end - start == 1 else bundle_sizes(end - start):
